@@ -1,0 +1,151 @@
+"""The adapter client and session client (seed 004): the only way the protocol layers reach the
+coordinator. pgwire and the HTTP SQL API both use these."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from headrace.coordinator.coordinator import Coordinator
+from headrace.coordinator.responses import Column, ExecuteResponse, StatementDescription
+from headrace.coordinator.session import REPORTED_VARIABLES, Session, TransactionStatus, default_variables
+from headrace.errors import HeadraceError, InternalError
+from headrace.catalog.items import DEFAULT_DATABASE
+from headrace.sql.parser import split_statements
+
+
+class SessionClient:
+    """One connection's handle. Every command runs with exclusive possession of the session
+    (seed 004 sends the whole session to the coordinator and back): a second concurrent command
+    is a bug in the caller and fails loudly."""
+
+    def __init__(self, coordinator: Coordinator, session: Session, adapter: AdapterClient) -> None:
+        self._coordinator = coordinator
+        self._session = session
+        self._adapter = adapter
+        self._busy = False
+        self._cancel: asyncio.Event | None = None
+
+    @property
+    def connection_id(self) -> int:
+        return self._session.connection_id
+
+    @property
+    def secret_key(self) -> int:
+        return self._session.secret_key
+
+    @property
+    def session(self) -> Session:
+        return self._session
+
+    @property
+    def transaction_status(self) -> str:
+        return self._session.transaction.value
+
+    def startup_parameters(self) -> dict[str, str]:
+        return {reported: self._session.variables[name] for name, reported in REPORTED_VARIABLES.items()}
+
+    def split_statements(self, sql: str) -> list[str]:
+        return split_statements(sql)
+
+    async def prepare(self, name: str, sql: str, param_types: Sequence[int]) -> None:
+        if name and name in self._session.statements:
+            raise HeadraceError(f'prepared statement "{name}" already exists', sqlstate="42P05")
+        with self._possession():
+            statement = await self._coordinator.prepare(self._session, name, sql, param_types)
+        self._session.statements[name] = statement
+
+    def describe_statement(self, name: str) -> StatementDescription:
+        return self._session.get_statement(name).description
+
+    def bind(self, portal: str, statement: str, params: Sequence[object]) -> None:
+        if portal == "":
+            self._session.portals.pop("", None)
+        self._session.set_portal(portal, self._session.get_statement(statement), params)
+
+    async def declare(self, portal: str, sql: str, params: Sequence[object]) -> None:
+        """Prepare and bind in one step, without naming the statement (seed 004's declare)."""
+        with self._possession():
+            statement = await self._coordinator.prepare(self._session, "", sql, [])
+        if portal == "":
+            self._session.portals.pop("", None)
+        self._session.set_portal(portal, statement, params)
+
+    def describe_portal(self, portal: str) -> tuple[Column, ...] | None:
+        found = self._session.get_portal(portal)
+        return found.columns if found.columns is not None else found.statement.description.columns
+
+    async def execute(self, portal: str, max_rows: int, cancel: asyncio.Event) -> ExecuteResponse:
+        found = self._session.get_portal(portal)
+        self._cancel = cancel
+        try:
+            with self._possession():
+                return await self._coordinator.execute(self._session, found, max_rows, cancel)
+        finally:
+            self._cancel = None
+
+    def cancel_running(self) -> None:
+        if self._cancel is not None:
+            self._cancel.set()
+
+    def close_statement(self, name: str) -> None:
+        self._session.statements.pop(name, None)
+
+    def close_portal(self, name: str) -> None:
+        self._session.portals.pop(name, None)
+
+    def on_sync(self) -> None:
+        self._session.end_of_batch()
+
+    def on_error(self) -> None:
+        self._session.fail_transaction()
+
+    async def terminate(self) -> None:
+        self._adapter._forget(self)
+
+    def _possession(self) -> _Possession:
+        return _Possession(self)
+
+
+class _Possession:
+    def __init__(self, client: SessionClient) -> None:
+        self._client = client
+
+    def __enter__(self) -> None:
+        if self._client._busy:
+            raise InternalError("session used by two commands at once")
+        self._client._busy = True
+
+    def __exit__(self, *exc: object) -> None:
+        self._client._busy = False
+
+
+class AdapterClient:
+    """Creates and starts sessions; routes cancel requests to the session they name."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._coordinator = coordinator
+        self._sessions: dict[int, SessionClient] = {}
+
+    async def new_session(self, user: str, database: str, params: dict[str, str]) -> SessionClient:
+        if database != DEFAULT_DATABASE:
+            raise HeadraceError(f'database "{database}" does not exist', sqlstate="3D000")
+        variables = default_variables(user, database, params.get("application_name", ""))
+        for name, value in params.items():
+            key = name.lower()
+            if key in variables and key not in ("server_version", "server_version_num", "is_superuser"):
+                variables[key] = value
+        client = SessionClient(self._coordinator, Session(user=user, database=database, variables=variables), self)
+        self._sessions[client.connection_id] = client
+        return client
+
+    def cancel(self, connection_id: int, secret_key: int) -> None:
+        client = self._sessions.get(connection_id)
+        if client is not None and client.secret_key == secret_key:
+            client.cancel_running()
+
+    def _forget(self, client: SessionClient) -> None:
+        self._sessions.pop(client.connection_id, None)
+
+
+__all__ = ["AdapterClient", "SessionClient", "TransactionStatus"]

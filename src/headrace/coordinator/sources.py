@@ -1,0 +1,66 @@
+"""The resources behind each source: its log directory and ingest endpoint, its serving-store table
+and view, and its pipeline checkpoint. `ensure` is idempotent so start-up can repair anything a
+crash left half-made; `remove` undoes it all."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from headrace.catalog.items import WebhookSource
+from headrace.materialize.sources import source_binding
+from headrace.store.serving import ServingStore
+from headrace.webhook.ingest import IngestRegistry
+
+
+class DataLayout:
+    """Where each piece of durable state lives under the data directory."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.root = data_dir
+
+    @property
+    def store_file(self) -> Path:
+        return self.root / "store.duckdb"
+
+    def source_log(self, source: WebhookSource) -> Path:
+        return self.root / "logs" / source.id
+
+    def pipeline_checkpoint(self, materialization: str) -> Path:
+        return self.root / "pipeline" / "checkpoints" / materialization
+
+
+class SourceResources:
+    def __init__(self, layout: DataLayout, store: ServingStore, registry: IngestRegistry,
+                 executor: ThreadPoolExecutor) -> None:
+        self.layout = layout
+        self.store = store
+        self.registry = registry
+        self.executor = executor
+
+    async def ensure(self, source: WebhookSource) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.executor, self._ensure_table, source)
+        if self.registry.lookup(source.database, source.schema, source.name) is None:
+            self.registry.add(source, self.layout.source_log(source))
+
+    def _ensure_table(self, source: WebhookSource) -> None:
+        binding = source_binding(source)
+        self.store.apply(binding)
+        schema, table = binding.resource_path
+        columns = ", ".join(f'"{column}"' for column in source.column_names())
+        with self.store.cursor() as cursor:
+            cursor.execute(f'CREATE OR REPLACE VIEW public."{source.name}" AS SELECT {columns} FROM "{schema}"."{table}"')
+
+    async def remove(self, source: WebhookSource) -> None:
+        await self.registry.remove(source.database, source.schema, source.name)
+        await asyncio.get_running_loop().run_in_executor(self.executor, self._remove_files, source)
+
+    def _remove_files(self, source: WebhookSource) -> None:
+        binding = source_binding(source)
+        with self.store.cursor() as cursor:
+            cursor.execute(f'DROP VIEW IF EXISTS public."{source.name}"')
+        self.store.drop(binding.resource_path)
+        shutil.rmtree(self.layout.source_log(source), ignore_errors=True)
+        shutil.rmtree(self.layout.pipeline_checkpoint(source.materialization), ignore_errors=True)

@@ -1,0 +1,101 @@
+"""One error family for both front ends.
+
+Every error a user can cause carries a SQLSTATE (for pgwire) and an HTTP status (for the webhook and
+SQL HTTP endpoints), mapped here in one place so pgwire and HTTP never disagree.
+"""
+
+from __future__ import annotations
+
+
+class HeadraceError(Exception):
+    """An error a user caused: reported to them, never a crash."""
+
+    sqlstate: str = "XX000"
+    http_status: int = 500
+    severity: str = "ERROR"
+
+    def __init__(self, message: str, *, detail: str | None = None, hint: str | None = None,
+                 position: int | None = None, sqlstate: str | None = None,
+                 http_status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+        self.hint = hint
+        self.position = position  # 1-based character position in the query text, as PostgreSQL reports it
+        if sqlstate is not None:
+            self.sqlstate = sqlstate
+        if http_status is not None:
+            self.http_status = http_status
+
+
+class SyntaxError_(HeadraceError):
+    sqlstate = "42601"
+    http_status = 400
+
+
+class UndefinedObject(HeadraceError):
+    """Unknown source, table or view (42P01)."""
+
+    sqlstate = "42P01"
+    http_status = 404
+
+
+class UndefinedColumn(HeadraceError):
+    sqlstate = "42703"
+    http_status = 400
+
+
+class DuplicateObject(HeadraceError):
+    sqlstate = "42P07"
+    http_status = 409
+
+
+class FeatureNotSupported(HeadraceError):
+    sqlstate = "0A000"
+    http_status = 400
+
+
+class DataError(HeadraceError):
+    sqlstate = "22000"
+    http_status = 400
+
+
+class InvalidParameterValue(HeadraceError):
+    sqlstate = "22023"
+    http_status = 400
+
+
+class ProtocolViolation(HeadraceError):
+    sqlstate = "08P01"
+    http_status = 400
+
+
+class UndefinedPreparedStatement(HeadraceError):
+    sqlstate = "26000"
+    http_status = 400
+
+
+class UndefinedCursor(HeadraceError):
+    sqlstate = "34000"
+    http_status = 400
+
+
+class QueryCanceled(HeadraceError):
+    sqlstate = "57014"
+    http_status = 499
+
+
+class ServiceUnavailable(HeadraceError):
+    """Starting, shutting down, or a durable write failed: the caller should retry later."""
+
+    sqlstate = "57P03"
+    http_status = 503
+
+    def __init__(self, message: str, *, retry_after_s: int = 1, **kwargs: object) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        self.retry_after_s = retry_after_s
+
+
+class InternalError(HeadraceError):
+    sqlstate = "XX000"
+    http_status = 500

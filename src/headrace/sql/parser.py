@@ -1,0 +1,149 @@
+"""Parsing: sqlglot's PostgreSQL dialect, extended with headrace's statements.
+
+No statement is recognised by regular expressions: headrace's statements are parsed by the same
+recursive-descent parser as SELECT, through overrides of sqlglot's statement entry points."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.dialects.postgres import Postgres
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import TokenType
+
+from headrace.errors import SyntaxError_
+from headrace.sql.ast import CreateWebhookSource, DropObject, ShowObjects, ShowVariable
+
+BODY_FORMATS = ("json",)
+OBJECT_KINDS = {"SOURCE": "source", "SOURCES": "source"}
+
+
+class HeadraceParser(Postgres.Parser):
+    STATEMENT_PARSERS = {
+        **Postgres.Parser.STATEMENT_PARSERS,
+        TokenType.SHOW: lambda self: self._parse_show_statement(),
+    }
+
+    def _parse_create(self) -> exp.Expr:  # type: ignore[override]
+        if self._match_text_seq("SOURCE"):
+            return self._parse_create_source()
+        return super()._parse_create()
+
+    def _parse_drop(self, exists: bool = False, kind: str | None = None) -> exp.Expr:  # type: ignore[override]
+        if self._match_text_seq("SOURCE"):
+            if_exists = self._match_text_seq("IF", "EXISTS")
+            names = self._parse_csv(self._parse_table_parts)
+            return DropObject(kind="source", expressions=names, if_exists=bool(if_exists))
+        return super()._parse_drop(exists=exists, kind=kind)
+
+    def _parse_create_source(self) -> CreateWebhookSource:
+        if_not_exists = bool(self._match_text_seq("IF", "NOT", "EXISTS"))
+        name = self._parse_table_parts()
+        if not self._match_text_seq("FROM", "WEBHOOK"):
+            self.raise_error("Expected FROM WEBHOOK (the only kind of source so far)")
+        if not self._match_text_seq("BODY", "FORMAT"):
+            self.raise_error("Expected BODY FORMAT")
+        fmt_token = self._advance_any()
+        body_format = fmt_token.text.lower() if fmt_token else ""
+        if body_format not in BODY_FORMATS:
+            self.raise_error(f"Unsupported BODY FORMAT {body_format.upper()!r}; supported: JSON")
+        include_headers = False
+        idempotent: exp.Expr | None = None
+        while self._curr and self._curr.token_type != TokenType.SEMICOLON:
+            if self._match_text_seq("INCLUDE", "HEADERS"):
+                include_headers = True
+            elif self._match_text_seq("IDEMPOTENT"):
+                idempotent = self._parse_wrapped(self._parse_assignment)
+            else:
+                self.raise_error(f"Unexpected {self._curr.text!r} in CREATE SOURCE")
+                break
+        return CreateWebhookSource(this=name, body_format=body_format, include_headers=include_headers,
+                                   idempotent=idempotent, if_not_exists=if_not_exists)
+
+    def _parse_show_statement(self) -> exp.Expr:
+        if self._match_text_seq("SOURCES"):
+            schema = self._parse_id_var() if self._match(TokenType.FROM) else None
+            return ShowObjects(kind="source", schema=schema.name if schema else None)
+        parts = []
+        while self._curr and self._curr.token_type != TokenType.SEMICOLON:
+            parts.append(self._advance_any().text)  # type: ignore[union-attr]
+        if not parts:
+            self.raise_error("Expected a variable name after SHOW")
+        return ShowVariable(this=" ".join(parts).lower())
+
+
+class HeadraceTokenizer(Postgres.Tokenizer):
+    # sqlglot turns the rest of a SHOW into one opaque string; headrace parses SHOW itself.
+    COMMANDS = Postgres.Tokenizer.COMMANDS - {TokenType.SHOW}
+
+
+class Headrace(Postgres):
+    Tokenizer = HeadraceTokenizer
+    Parser = HeadraceParser
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedStatement:
+    sql: str  # this statement's own text, sliced from the input
+    ast: exp.Expr
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split text into statements at top-level semicolons, using sqlglot's tokenizer (so that
+    semicolons inside strings, identifiers and comments are not split on)."""
+    try:
+        tokens = Headrace().tokenize(sql)
+    except TokenError as exc:
+        raise SyntaxError_(f"syntax error: {exc}") from None
+    statements: list[str] = []
+    start: int | None = None
+    end = 0
+    for token in tokens:
+        if token.token_type == TokenType.SEMICOLON:
+            if start is not None:
+                statements.append(sql[start : end + 1])
+            start = None
+            continue
+        if start is None:
+            start = token.start
+        end = token.end
+    if start is not None:
+        statements.append(sql[start : end + 1])
+    return statements
+
+
+def parse_statement(sql: str) -> exp.Expr:
+    """Parse exactly one statement. Syntax errors become 42601 with PostgreSQL's 1-based position."""
+    try:
+        parsed = sqlglot.parse(sql, dialect=Headrace)
+    except ParseError as exc:
+        first = exc.errors[0] if exc.errors else {}
+        position = _position_of(sql, first.get("line"), first.get("col"))
+        highlight = first.get("highlight")
+        description = str(first.get("description") or exc).split(". Line")[0].split(" but got <Token")[0]
+        if highlight:
+            message = f'syntax error at or near "{highlight}"'
+            detail = description
+        else:
+            message, detail = f"syntax error: {description}", None
+        raise SyntaxError_(message, detail=detail, position=position) from None
+    except TokenError as exc:
+        raise SyntaxError_(f"syntax error: {exc}") from None
+    statements = [stmt for stmt in parsed if stmt is not None]
+    if len(statements) != 1:
+        raise SyntaxError_("expected exactly one statement")
+    statement = statements[0]
+    if isinstance(statement, exp.Command):
+        # sqlglot falls back to an opaque Command for syntax it does not know: refuse it rather
+        # than guess at its meaning.
+        raise SyntaxError_(f"syntax error at or near \"{statement.name}\"", position=1)
+    return statement
+
+
+def _position_of(sql: str, line: int | None, col: int | None) -> int | None:
+    if not line or not col:
+        return None
+    lines = sql.split("\n")
+    return sum(len(text) + 1 for text in lines[: line - 1]) + max(col - 1, 0) + 1 if line <= len(lines) else None

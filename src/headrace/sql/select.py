@@ -1,0 +1,131 @@
+"""Planning a SELECT: resolve names against the catalog, name the output columns as PostgreSQL
+would, infer parameter types, and translate to the serving store's dialect (DuckDB)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from headrace.catalog.items import DEFAULT_DATABASE, DEFAULT_SCHEMA
+from headrace.errors import FeatureNotSupported, UndefinedObject
+from headrace.sql.types import OID_BY_TYPE_NAME, TEXT_OID
+
+QUERY_TYPES = (exp.Select, exp.Union, exp.Intersect, exp.Except)
+
+# sqlglot type -> PostgreSQL's name for it, which is also the output column name of a cast of a
+# non-column expression (PostgreSQL's FigureColname).
+PG_TYPE_NAMES = {
+    exp.DataType.Type.INT: "int4", exp.DataType.Type.BIGINT: "int8", exp.DataType.Type.SMALLINT: "int2",
+    exp.DataType.Type.TEXT: "text", exp.DataType.Type.VARCHAR: "varchar", exp.DataType.Type.BOOLEAN: "bool",
+    exp.DataType.Type.DOUBLE: "float8", exp.DataType.Type.FLOAT: "float4", exp.DataType.Type.DECIMAL: "numeric",
+    exp.DataType.Type.JSON: "json", exp.DataType.Type.JSONB: "jsonb", exp.DataType.Type.DATE: "date",
+    exp.DataType.Type.TIMESTAMP: "timestamp", exp.DataType.Type.TIMESTAMPTZ: "timestamptz",
+    exp.DataType.Type.INTERVAL: "interval", exp.DataType.Type.UUID: "uuid", exp.DataType.Type.VARBINARY: "bytea",
+}
+
+RelationResolver = Callable[[str, str], bool]  # (schema, name) -> does a relation of that name exist
+
+
+@dataclass(frozen=True, slots=True)
+class SelectPlan:
+    duckdb_sql: str
+    column_names: tuple[str, ...]
+    param_types: tuple[int, ...]
+
+
+def is_query(ast: exp.Expr) -> bool:
+    return isinstance(ast, QUERY_TYPES)
+
+
+def plan_select(ast: exp.Expr, relation_exists: RelationResolver, declared_param_types: Sequence[int] = ()) -> SelectPlan:
+    ast = ast.copy()
+    _resolve_relations(ast, relation_exists)
+    names = _output_names(ast)
+    param_types = _param_types(ast, declared_param_types)
+    return SelectPlan(duckdb_sql=ast.sql(dialect="duckdb"), column_names=tuple(names), param_types=param_types)
+
+
+def _resolve_relations(ast: exp.Expr, relation_exists: RelationResolver) -> None:
+    cte_names = {cte.alias_or_name for cte in ast.find_all(exp.CTE)}
+    for table in list(ast.find_all(exp.Table)):
+        if not table.name or isinstance(table.this, exp.Func):
+            continue  # a table function such as generate_series(...)
+        name, schema, database = table.name, table.db or DEFAULT_SCHEMA, table.catalog or DEFAULT_DATABASE
+        if not table.db and not table.catalog and name in cte_names:
+            continue
+        if database != DEFAULT_DATABASE:
+            raise FeatureNotSupported(f'cross-database references are not implemented: "{database}.{schema}.{name}"')
+        if not relation_exists(schema, name):
+            shown = f"{table.db}.{name}" if table.db else name
+            raise UndefinedObject(f'relation "{shown}" does not exist')
+        # the serving store holds one database: drop the database qualifier
+        table.set("catalog", None)
+
+
+def _output_names(ast: exp.Expr) -> list[str]:
+    if not isinstance(ast, exp.Select):
+        left = ast.this if isinstance(ast, (exp.Union, exp.Intersect, exp.Except)) else ast
+        return _output_names(left) if left is not ast else []
+    names: list[str] = []
+    for index, projection in enumerate(ast.expressions):
+        if isinstance(projection, exp.Star) or (isinstance(projection, exp.Column) and isinstance(projection.this, exp.Star)):
+            return []  # filled in from the store's own names (a * expands to real columns)
+        name = projection.alias if isinstance(projection, exp.Alias) else _figure_column_name(projection)
+        # Alias every output so the store's names match PostgreSQL's.
+        if not isinstance(projection, exp.Alias):
+            projection.replace(exp.alias_(projection.copy(), name, quoted=True))
+        names.append(name)
+    return names
+
+
+def _figure_column_name(node: exp.Expr) -> str:
+    """PostgreSQL's FigureColname for the common cases."""
+    if isinstance(node, exp.Column):
+        return node.name
+    if isinstance(node, exp.Cast):
+        inner = _figure_column_name(node.this)
+        if inner != "?column?":
+            return inner
+        return PG_TYPE_NAMES.get(node.to.this, node.to.sql(dialect="postgres").lower())
+    if isinstance(node, exp.Paren):
+        return _figure_column_name(node.this)
+    if isinstance(node, exp.Count):
+        return "count"
+    if isinstance(node, exp.Anonymous):
+        return str(node.this).lower()
+    if isinstance(node, exp.Func) and not isinstance(node, (exp.Binary, exp.JSONExtract, exp.JSONExtractScalar)):
+        return node.sql_name().lower()
+    if isinstance(node, exp.Boolean):
+        return "bool"
+    return "?column?"
+
+
+def _param_types(ast: exp.Expr, declared: Sequence[int]) -> tuple[int, ...]:
+    """Parameter types: those the client declared, else inferred from a cast around the parameter,
+    else text (the store coerces text where the context needs another type, like PostgreSQL's unknown)."""
+    inferred: dict[int, int] = {}
+    for node in ast.find_all(exp.Placeholder, exp.Parameter):
+        number = _parameter_number(node)
+        if number is None:
+            continue
+        parent = node.parent
+        oid = TEXT_OID
+        if isinstance(parent, exp.Cast):
+            oid = OID_BY_TYPE_NAME.get(PG_TYPE_NAMES.get(parent.to.this, ""), TEXT_OID)
+        elif isinstance(parent, (exp.Limit, exp.Offset)):
+            oid = OID_BY_TYPE_NAME["int8"]
+        inferred.setdefault(number, oid)
+    count = max([*inferred.keys(), len(declared)], default=0)
+    types = []
+    for number in range(1, count + 1):
+        declared_oid = declared[number - 1] if number <= len(declared) else 0
+        types.append(declared_oid or inferred.get(number, TEXT_OID))
+    return tuple(types)
+
+
+def _parameter_number(node: exp.Expr) -> int | None:
+    text = node.name if isinstance(node, exp.Placeholder) else node.this.name if isinstance(node.this, exp.Expr) else str(node.this)
+    text = str(text).lstrip("$")
+    return int(text) if text.isdigit() else None

@@ -1,0 +1,21 @@
+# `make up` and `make test` set everything up on a fresh machine (see scripts/bootstrap.sh).
+VENV := .venv
+STAMP := $(VENV)/.bootstrapped
+
+.PHONY: up test bench clean
+
+$(STAMP): pyproject.toml scripts/bootstrap.sh
+	./scripts/bootstrap.sh
+	touch $(STAMP)
+
+up: $(STAMP)
+	$(VENV)/bin/headrace up
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/ingest_freshness.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

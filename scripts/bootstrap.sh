@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what headrace needs on a fresh Debian machine: a JDK for Spark (if none is found), a
+# Python >= 3.11 virtual environment in .venv with headrace and its pinned dependencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1; }
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
+  need_apt+=(openjdk-17-jre-headless)
+fi
+if ! command -v psql >/dev/null 2>&1; then
+  need_apt+=(postgresql-client)
+fi
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  need_apt+=(python3-venv)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "bootstrap: installing ${need_apt[*]} with apt-get"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+python3 - <<'PY'
+import sys
+if sys.version_info < (3, 11):
+    sys.exit(f"headrace needs Python >= 3.11, found {sys.version.split()[0]}")
+PY
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
+echo "bootstrap: ready ($(java -version 2>&1 | head -n1); $(.venv/bin/python --version))"

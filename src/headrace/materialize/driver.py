@@ -1,0 +1,214 @@
+"""The driver side of the protocol: a connection loop that owns ordering and staging, around a small Transactor.
+
+As in Estuary's materialize-boilerplate, drivers implement only `Transactor`; `serve_driver_connection` runs the
+loop for every driver:
+  * every request read and response written passes through TransactionLifecycle;
+  * Open -> transactor_factory(open), transactor.open -> Opened;
+  * Acknowledge -> transactor.acknowledge() runs in the background (the previous commit is done by then, since
+    start_commit commits before returning) and Acknowledged is written when it returns. Acknowledged thus waits
+    for the runtime's Acknowledge, which is what recovery-log drivers need (apply only once the runtime's log
+    committed) and costs transactional drivers nothing: the runtime sends Acknowledge first in every transaction;
+  * Loads are staged, never evaluated before Acknowledged (read-committed), and evaluated in one batch at Flush;
+    then Loaded..., Flushed;
+  * Stores are handed over in batches; StartCommit -> transactor.start_commit -> StartedCommit.
+Blocking transactor methods run in `executor`, one at a time per connection, so DuckDB work never blocks the
+event loop. Any exception sends {"type": "Error", "message": ...} and closes the connection; the transactor is
+closed (rolling back anything uncommitted) whenever the connection ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from contextlib import suppress
+from typing import Any, Protocol, TypeVar
+
+from headrace.errors import HeadraceError
+from headrace.materialize.lifecycle import TransactionLifecycle
+from headrace.materialize.protocol import (
+    Acknowledge,
+    Acknowledged,
+    ErrorResponse,
+    FencedOff,
+    Flush,
+    Flushed,
+    Load,
+    Loaded,
+    Open,
+    Opened,
+    ProtocolOrderError,
+    Response,
+    StartCommit,
+    StartedCommit,
+    Store,
+    from_wire,
+    to_wire,
+)
+from headrace.materialize.transport import read_frame, write_frame, write_frames
+
+logger = logging.getLogger(__name__)
+
+STORE_BATCH = 4096  # Stores handed to the transactor at once
+WRITE_BATCH = 2048  # Loaded responses per write before awaiting drain (back-pressure)
+_T = TypeVar("_T")
+
+
+class Transactor(Protocol):
+    """What a driver implements. Methods block; the connection loop calls them one at a time, in order:
+    open, then per transaction: acknowledge, load (only after the previous commit), store..., start_commit."""
+
+    def open(self, open: Open) -> Opened: ...
+
+    def load(self, loads: list[Load]) -> Iterable[Loaded]: ...
+
+    def store(self, stores: list[Store]) -> None: ...
+
+    def start_commit(self, runtime_checkpoint: dict[str, Any]) -> StartedCommit: ...
+
+    def acknowledge(self) -> Acknowledged: ...
+
+    def close(self) -> None: ...
+
+
+TransactorFactory = Callable[[Open], Transactor]
+
+
+async def serve_driver_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                  transactor_factory: TransactorFactory, executor: Executor | None = None) -> None:
+    """Serve one runtime connection until it closes or fails (see module docstring)."""
+    await _DriverSession(reader, writer, transactor_factory, executor).run()
+
+
+async def start_driver_server(host: str, port: int, transactor_factory: TransactorFactory,
+                              executor: Executor | None = None) -> asyncio.Server:
+    """Listen for runtimes; executor None uses the event loop's default executor."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await serve_driver_connection(reader, writer, transactor_factory, executor)
+
+    return await asyncio.start_server(handle, host, port)
+
+
+class _DriverSession:
+    """State of one connection: lifecycle, transactor, staged Loads/Stores, background acknowledgement."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 transactor_factory: TransactorFactory, executor: Executor | None) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._factory = transactor_factory
+        self._executor = executor
+        self._lifecycle = TransactionLifecycle()
+        self._transactor: Transactor | None = None
+        self._staged_loads: list[Load] = []
+        self._staged_stores: list[Store] = []
+        self._acknowledging: asyncio.Task[None] | None = None
+        self._failed = False
+
+    async def run(self) -> None:
+        try:
+            while not self._failed:
+                frame = await read_frame(self._reader)
+                if frame is None:
+                    break  # the runtime hung up; an open transaction is abandoned below
+                await self._dispatch(from_wire(frame))
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            logger.info("runtime connection lost: %s", exc)
+        except Exception as exc:
+            await self._fail(exc)
+        finally:
+            await self._shut_down()
+
+    async def _dispatch(self, request: Any) -> None:
+        if isinstance(request, (Opened, Acknowledged, Loaded, Flushed, StartedCommit, ErrorResponse)):
+            raise ProtocolOrderError(f"runtime sent a response ({type(request).__name__}) instead of a request")
+        self._lifecycle.on_request(request)
+        if isinstance(request, Load):
+            self._staged_loads.append(request)
+        elif isinstance(request, Store):
+            self._staged_stores.append(request)
+            if len(self._staged_stores) >= STORE_BATCH:
+                await self._hand_over_stores()
+        elif isinstance(request, Acknowledge):
+            self._acknowledging = asyncio.ensure_future(self._acknowledge())
+        elif isinstance(request, Flush):
+            await self._flush()
+        elif isinstance(request, StartCommit):
+            await self._hand_over_stores()
+            started = await self._call(self._active().start_commit, request.runtime_checkpoint)
+            await self._respond([started])
+        elif isinstance(request, Open):
+            self._transactor = await self._call(self._factory, request)
+            opened = await self._call(self._transactor.open, request)
+            await self._respond([opened])
+
+    async def _acknowledge(self) -> None:
+        """Background: acknowledge the previous commit while the runtime keeps sending Loads (staged)."""
+        try:
+            acknowledged = await self._call(self._active().acknowledge)
+            await self._respond([acknowledged])
+        except Exception as exc:
+            await self._fail(exc)
+
+    async def _flush(self) -> None:
+        # The lifecycle admitted Flush, so Acknowledged was written: the acknowledgement task is over.
+        if self._acknowledging is not None:
+            await self._acknowledging
+            self._acknowledging = None
+        loads, self._staged_loads = self._staged_loads, []
+        loaded: list[Response] = (await self._call(lambda: list(self._active().load(loads)))) if loads else []
+        for start in range(0, len(loaded), WRITE_BATCH):
+            await self._respond(loaded[start:start + WRITE_BATCH])
+        await self._respond([Flushed()])
+
+    async def _hand_over_stores(self) -> None:
+        if self._staged_stores:
+            stores, self._staged_stores = self._staged_stores, []
+            await self._call(self._active().store, stores)
+
+    async def _respond(self, responses: list[Response]) -> None:
+        if self._failed:
+            return
+        for response in responses:
+            self._lifecycle.on_response(response)
+        if len(responses) == 1:
+            write_frame(self._writer, to_wire(responses[0]))
+        else:
+            write_frames(self._writer, [to_wire(r) for r in responses])
+        await self._writer.drain()
+
+    async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _active(self) -> Transactor:
+        if self._transactor is None:  # unreachable past the lifecycle, which requires Open first
+            raise ProtocolOrderError("no transactor: Open was not received")
+        return self._transactor
+
+    async def _fail(self, exc: BaseException) -> None:
+        """Tell the runtime why, once, then close: the protocol state is unknown after an error."""
+        if self._failed:
+            return
+        self._failed = True
+        message = str(exc) if isinstance(exc, HeadraceError) else f"{type(exc).__name__}: {exc}"
+        logger.warning("materialization driver failed: %s", message)
+        with suppress(ConnectionError, RuntimeError):
+            write_frame(self._writer, to_wire(ErrorResponse(message, fenced_off=isinstance(exc, FencedOff))))
+            await self._writer.drain()
+        self._writer.close()
+
+    async def _shut_down(self) -> None:
+        if self._acknowledging is not None and not self._acknowledging.done():
+            # Its executor call cannot be interrupted; wait so the transactor is never used concurrently.
+            with suppress(Exception):
+                await self._acknowledging
+        if self._transactor is not None:
+            try:
+                await self._call(self._transactor.close)
+            except Exception:
+                logger.exception("closing the transactor failed")
+        self._writer.close()
+        with suppress(ConnectionError, RuntimeError):
+            await self._writer.wait_closed()

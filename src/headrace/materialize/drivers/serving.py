@@ -1,0 +1,252 @@
+"""Driver for the DuckDB serving store. Commit pattern: the remote store is authoritative, with fencing.
+
+The serving store keeps, per materialization key range, a row of `headrace_internal.checkpoints` holding the
+runtime checkpoint and a fence. `open` bumps the fence in its own transaction (fencing off every earlier runtime
+of an overlapping range) and returns the stored checkpoint, so the store, not the runtime's log, says where to
+resume. `start_commit` applies all staged Stores and writes the checkpoint in ONE DuckDB transaction whose last
+statement updates the checkpoint only where the fence is still ours: zero rows updated means a newer runtime
+opened meanwhile, so the transaction rolls back and FencedOff is raised. Data and checkpoint are therefore
+durable together when StartedCommit is sent, and a zombie runtime can never commit.
+
+Documents live as columns: the binding's key and value columns (JSON as text, TIMESTAMPTZ from/to integer
+microseconds). Loaded documents are rebuilt from those columns, so fields outside them are not kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from headrace.errors import FeatureNotSupported
+from headrace.materialize.protocol import (
+    Acknowledged,
+    Binding,
+    FencedOff,
+    Load,
+    Loaded,
+    MaterializationError,
+    Open,
+    Opened,
+    StartedCommit,
+    Store,
+)
+from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore, qualified_name, quote_ident
+
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    "VARCHAR": pa.string(),
+    "JSON": pa.string(),  # JSON text; DuckDB casts it on insert
+    "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),  # built straight from integer microseconds
+    "BIGINT": pa.int64(),
+    "INTEGER": pa.int32(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+}
+_STAGED = "headrace_staged_rows"  # names of Arrow tables registered on this transactor's own cursor
+_KEYS = "headrace_staged_keys"
+_dump_value = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_dump_key = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode  # canonical
+
+
+@dataclass(frozen=True, slots=True)
+class _Column:
+    name: str
+    duckdb_type: str
+    arrow_type: pa.DataType
+    to_arrow: Callable[[Any], Any] | None  # Python value -> Arrow input (None: as is)
+    select_sql: str  # expression reading the column back as a JSON-able value
+    from_sql: Callable[[Any], Any] | None  # fetched value -> document value (None: as is)
+
+
+def _column(name: str, duckdb_type: str, is_key: bool) -> _Column:
+    type_name = duckdb_type.upper()
+    if type_name not in _ARROW_TYPES:
+        raise FeatureNotSupported(f"column type {type_name} of {name!r} is not supported by the serving store")
+    quoted = f"t.{quote_ident(name)}"
+    if type_name == "JSON":
+        dump = _dump_key if is_key else _dump_value
+        return _Column(name, type_name, _ARROW_TYPES[type_name], lambda v: None if v is None else dump(v),
+                       f"CAST({quoted} AS VARCHAR)", lambda v: None if v is None else json.loads(v))
+    if type_name == "TIMESTAMPTZ":
+        return _Column(name, type_name, _ARROW_TYPES[type_name], None, f"epoch_us({quoted})", None)
+    return _Column(name, type_name, _ARROW_TYPES[type_name], None, quoted, None)
+
+
+class _BindingPlan:
+    """The SQL and Arrow schemas of one binding, prepared once per open."""
+
+    def __init__(self, binding: Binding) -> None:
+        self.binding = binding
+        self.table = qualified_name(binding.resource_path)
+        self.keys = [_column(c, binding.column_types[c], True) for c in binding.key]
+        self.values = [_column(c, binding.column_types[c], False) for c in binding.values]
+        columns = self.keys + self.values
+        column_list = ", ".join(quote_ident(c.name) for c in columns)
+        key_match = " AND ".join(
+            f"t.{quote_ident(c.name)} = CAST(k.{quote_ident(c.name)} AS {c.duckdb_type})" for c in self.keys)
+        self.load_sql = (f"SELECT {', '.join(c.select_sql for c in columns)} "
+                         f"FROM {self.table} AS t JOIN {_KEYS} AS k ON {key_match}")
+        self.delete_sql = f"DELETE FROM {self.table} AS t USING {_KEYS} AS k WHERE {key_match}"
+        self.insert_sql = f"INSERT INTO {self.table} ({column_list}) SELECT {column_list} FROM {_STAGED}"
+        self.columns = columns
+
+    def keys_table(self, keys: list[list[Any]]) -> pa.Table:
+        return pa.table({c.name: _arrow_array(c, [key[i] for key in keys]) for i, c in enumerate(self.keys)})
+
+    def rows_table(self, stores: list[Store]) -> pa.Table:
+        arrays = {c.name: _arrow_array(c, [s.key[i] for s in stores]) for i, c in enumerate(self.keys)}
+        for i, c in enumerate(self.values):
+            arrays[c.name] = _arrow_array(c, [s.values[i] for s in stores])
+        return pa.table(arrays)
+
+    def loaded(self, binding_index: int, row: tuple[Any, ...]) -> Loaded:
+        doc = {c.name: (v if c.from_sql is None else c.from_sql(v)) for c, v in zip(self.columns, row)}
+        return Loaded(binding_index, [doc[c.name] for c in self.keys], doc)
+
+
+def _arrow_array(column: _Column, values: list[Any]) -> pa.Array:
+    if column.to_arrow is not None:
+        values = [column.to_arrow(v) for v in values]
+    return pa.array(values, type=column.arrow_type)
+
+
+class ServingTransactor:
+    """Transactor of one runtime connection to the serving store (see module docstring for the pattern)."""
+
+    def __init__(self, store: ServingStore) -> None:
+        self._store = store
+        self._cursor: duckdb.DuckDBPyConnection | None = None
+        self._plans: list[_BindingPlan] = []
+        self._name = ""
+        self._key_range = (0, 0)
+        self._fence = 0
+        self._staged: dict[int, list[Store]] = {}
+
+    def open(self, open: Open) -> Opened:
+        for binding in open.spec.bindings:
+            self._store.apply(binding)
+        self._plans = [_BindingPlan(b) for b in open.spec.bindings]
+        self._name = open.spec.name
+        self._key_range = (open.key_begin, open.key_end)
+        self._cursor = cursor = self._store.cursor()
+        cursor.begin()
+        try:
+            checkpoint = self._fence_off_others(cursor)
+            cursor.commit()
+        except BaseException:
+            cursor.rollback()
+            raise
+        return Opened(runtime_checkpoint=None if checkpoint is None else json.loads(checkpoint))
+
+    def _fence_off_others(self, cursor: duckdb.DuckDBPyConnection) -> str | None:
+        """Bump the fence of every overlapping range (as Flow's SQL drivers do, so split parents are fenced
+        too), then take the narrowest covering row's fence and checkpoint; insert our row if it is absent."""
+        begin, end = self._key_range
+        cursor.execute(f"UPDATE {CHECKPOINTS_TABLE} SET fence = fence + 1 "
+                       "WHERE materialization = ? AND key_begin <= ? AND key_end >= ?", [self._name, end, begin])
+        covering = cursor.execute(
+            f"SELECT key_begin, key_end, fence, checkpoint FROM {CHECKPOINTS_TABLE} "
+            "WHERE materialization = ? AND key_begin <= ? AND key_end >= ? "
+            "ORDER BY key_end - key_begin LIMIT 1", [self._name, begin, end]).fetchone()
+        if covering is not None and (covering[0], covering[1]) == (begin, end):
+            self._fence = covering[2]
+            return covering[3]
+        # A new range inherits the covering parent's (bumped) fence and checkpoint; a new materialization starts.
+        self._fence, checkpoint = (covering[2], covering[3]) if covering is not None else (1, None)
+        cursor.execute(f"INSERT INTO {CHECKPOINTS_TABLE} VALUES (?, ?, ?, ?, ?)",
+                       [self._name, begin, end, self._fence, checkpoint])
+        return checkpoint
+
+    def load(self, loads: list[Load]) -> Iterable[Loaded]:
+        """One join per binding against an Arrow table of the requested keys; absent keys yield nothing."""
+        cursor = self._active()
+        keys_by_binding: dict[int, list[list[Any]]] = {}
+        for load in loads:
+            keys_by_binding.setdefault(load.binding, []).append(load.key)
+        loaded: list[Loaded] = []
+        for binding_index, keys in keys_by_binding.items():
+            plan = self._plans[binding_index]
+            cursor.register(_KEYS, plan.keys_table(keys))
+            try:
+                rows = cursor.execute(plan.load_sql).fetchall()
+            finally:
+                cursor.unregister(_KEYS)
+            loaded.extend(plan.loaded(binding_index, row) for row in rows)
+        return loaded
+
+    def store(self, stores: list[Store]) -> None:
+        for store in stores:
+            if store.delete and self._plans[store.binding].binding.delta_updates:
+                raise FeatureNotSupported("deletions cannot be stored in a delta-updates (append-only) table")
+            self._staged.setdefault(store.binding, []).append(store)
+
+    def start_commit(self, runtime_checkpoint: dict[str, Any]) -> StartedCommit:
+        """Commit staged Stores and the checkpoint in one transaction, checkpoint (fence check) last."""
+        cursor = self._active()
+        staged, self._staged = self._staged, {}
+        cursor.begin()
+        try:
+            for binding_index, stores in staged.items():
+                self._apply_stores(cursor, self._plans[binding_index], stores)
+            updated = cursor.execute(
+                f"UPDATE {CHECKPOINTS_TABLE} SET checkpoint = ? "
+                "WHERE materialization = ? AND key_begin = ? AND key_end = ? AND fence = ?",
+                [json.dumps(runtime_checkpoint, separators=(",", ":")), self._name, *self._key_range,
+                 self._fence]).fetchone()
+            if updated is None or updated[0] != 1:
+                raise self._fenced_off()
+            cursor.commit()
+        except duckdb.TransactionException:
+            # A write conflict with another runtime's open or commit is fencing too; anything else is re-raised.
+            cursor.rollback()
+            if self._current_fence() != self._fence:
+                raise self._fenced_off() from None
+            raise
+        except BaseException:
+            cursor.rollback()
+            raise
+        return StartedCommit(state=None)
+
+    def _apply_stores(self, cursor: duckdb.DuckDBPyConnection, plan: _BindingPlan, stores: list[Store]) -> None:
+        if not plan.binding.delta_updates:
+            replaced = [s.key for s in stores if s.exists or s.delete]
+            if replaced:
+                cursor.register(_KEYS, plan.keys_table(replaced))
+                try:
+                    cursor.execute(plan.delete_sql)
+                finally:
+                    cursor.unregister(_KEYS)
+        inserted = [s for s in stores if not s.delete]
+        if inserted:
+            cursor.register(_STAGED, plan.rows_table(inserted))
+            try:
+                cursor.execute(plan.insert_sql)
+            finally:
+                cursor.unregister(_STAGED)
+
+    def acknowledge(self) -> Acknowledged:
+        return Acknowledged(state=None)  # start_commit already committed; nothing is left to apply
+
+    def close(self) -> None:
+        self._staged = {}  # uncommitted Stores are simply dropped: nothing of them reached the database
+        if self._cursor is not None:
+            self._cursor.close()
+            self._cursor = None
+
+    def _fenced_off(self) -> FencedOff:
+        return FencedOff(f"materialization {self._name} fenced off by another runtime (fence {self._fence})")
+
+    def _current_fence(self) -> int | None:
+        row = self._active().execute(
+            f"SELECT fence FROM {CHECKPOINTS_TABLE} WHERE materialization = ? AND key_begin = ? AND key_end = ?",
+            [self._name, *self._key_range]).fetchone()
+        return None if row is None else int(row[0])
+
+    def _active(self) -> duckdb.DuckDBPyConnection:
+        if self._cursor is None:
+            raise MaterializationError(f"transactor of {self._name or 'a materialization'} is not open")
+        return self._cursor

@@ -1,0 +1,181 @@
+"""The one ordering state machine of the materialization protocol, after Flow's lifecycle.go.
+
+Both sides use it: the runtime calls `on_request` before sending and `on_response` on receipt; the driver calls
+`on_request` on receipt and `on_response` before sending. A violation raises ProtocolOrderError naming the
+offending message and the one it should have followed, and leaves the machine unchanged.
+
+Rules (request stream, response stream, and the cross-stream rules that tie them):
+  Open first, once; Opened follows Open, once.
+  Acknowledge follows Open | StartCommit, and only once Opened | StartedCommit was received (the runtime can
+    only acknowledge a commit that it started and recorded).
+  Load follows Acknowledge | Load; a key at most once per transaction; never for a delta-updates binding.
+  Flush follows Acknowledge | Load, and never before Acknowledged was received.
+  Store and StartCommit follow Flush | Store, and only once Flushed was received (stores are fully reduced).
+  Acknowledged follows Opened | StartedCommit (unordered relative to Acknowledge).
+  Loaded follows Acknowledged | Loaded, answering a Load of this transaction not yet answered.
+  Flushed follows Acknowledged | Loaded, once Flush was sent.
+  StartedCommit follows Flushed, once StartCommit was sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from headrace.materialize.protocol import (
+    Acknowledge,
+    Acknowledged,
+    ErrorResponse,
+    Flush,
+    Flushed,
+    Load,
+    Loaded,
+    Open,
+    Opened,
+    ProtocolOrderError,
+    Request,
+    Response,
+    StartCommit,
+    StartedCommit,
+    Store,
+    key_identity,
+)
+
+_REQUEST_FOLLOWS: dict[type, tuple[type, ...]] = {
+    Acknowledge: (Open, StartCommit),
+    Load: (Acknowledge, Load),
+    Flush: (Acknowledge, Load),
+    Store: (Flush, Store),
+    StartCommit: (Flush, Store),
+}
+_RESPONSE_FOLLOWS: dict[type, tuple[type, ...]] = {
+    Acknowledged: (Opened, StartedCommit),
+    Loaded: (Acknowledged, Loaded),
+    Flushed: (Acknowledged, Loaded),
+    StartedCommit: (Flushed,),
+}
+
+
+def _name(kind: type | None) -> str:
+    return "nothing" if kind is None else kind.__name__
+
+
+def _either(kinds: tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in kinds)
+
+
+class TransactionLifecycle:
+    """Tracks the last request and last response, plus the keys loaded in the current transaction."""
+
+    def __init__(self) -> None:
+        self._last_request: type | None = None
+        self._last_response: type | None = None
+        self._delta_updates: tuple[bool, ...] = ()  # per binding, learned from Open
+        self._loaded_keys: set[Hashable] = set()  # keys sent in Loads this transaction
+        self._unanswered_keys: set[Hashable] = set()  # of those, keys no Loaded answered yet
+
+    @property
+    def last_request(self) -> type | None:
+        return self._last_request
+
+    @property
+    def last_response(self) -> type | None:
+        return self._last_response
+
+    def on_request(self, msg: Request) -> None:
+        kind = type(msg)
+        if kind is Open:
+            if self._last_request is not None:
+                raise ProtocolOrderError(f"Open must be the first request, but follows {_name(self._last_request)}")
+            assert isinstance(msg, Open)
+            self._delta_updates = tuple(b.delta_updates for b in msg.spec.bindings)
+            self._last_request = Open
+            return
+        allowed = _REQUEST_FOLLOWS.get(kind)
+        if allowed is None:
+            raise ProtocolOrderError(f"{kind.__name__} is not a request")
+        if self._last_request is None:
+            raise ProtocolOrderError(f"{kind.__name__} sent before Open")
+        if self._last_request not in allowed:
+            raise ProtocolOrderError(
+                f"{kind.__name__} must follow {_either(allowed)}, but follows {_name(self._last_request)}")
+        if kind is Acknowledge:
+            self._check_acknowledge()
+            self._loaded_keys.clear()
+            self._unanswered_keys.clear()
+        elif kind is Load:
+            assert isinstance(msg, Load)
+            self._check_load(msg)
+        elif kind is Flush:
+            if self._last_response not in (Acknowledged, Loaded):
+                raise ProtocolOrderError("Flush sent before Acknowledged was received "
+                                         f"(last response: {_name(self._last_response)})")
+        else:  # Store, StartCommit
+            if self._last_response is not Flushed:
+                raise ProtocolOrderError(f"{kind.__name__} sent before Flushed was received "
+                                         f"(last response: {_name(self._last_response)})")
+            if kind is Store:
+                assert isinstance(msg, Store)
+                self._check_binding(kind, msg.binding)
+        self._last_request = kind
+
+    def on_response(self, msg: Response) -> None:
+        kind = type(msg)
+        if kind is ErrorResponse:
+            return  # an error may come at any time; the connection ends with it
+        if kind is Opened:
+            if self._last_response is not None:
+                raise ProtocolOrderError(f"Opened must be the first response, but follows "
+                                         f"{_name(self._last_response)}")
+            if self._last_request is not Open:
+                raise ProtocolOrderError(f"Opened must answer Open, but the last request is "
+                                         f"{_name(self._last_request)}")
+            self._last_response = Opened
+            return
+        allowed = _RESPONSE_FOLLOWS.get(kind)
+        if allowed is None:
+            raise ProtocolOrderError(f"{kind.__name__} is not a response")
+        if self._last_response is None:
+            raise ProtocolOrderError(f"{kind.__name__} sent before Opened")
+        if self._last_response not in allowed:
+            raise ProtocolOrderError(
+                f"{kind.__name__} must follow {_either(allowed)}, but follows {_name(self._last_response)}")
+        if kind is Loaded:
+            assert isinstance(msg, Loaded)
+            identity = key_identity(msg.binding, msg.key)
+            if identity not in self._unanswered_keys:
+                raise ProtocolOrderError(f"Loaded for binding {msg.binding} key {msg.key!r} answers no "
+                                         "outstanding Load of this transaction")
+            self._unanswered_keys.discard(identity)
+        elif kind is Flushed:
+            if self._last_request is not Flush:
+                raise ProtocolOrderError(f"Flushed sent before Flush was received "
+                                         f"(last request: {_name(self._last_request)})")
+            self._unanswered_keys.clear()  # keys absent from the store are simply never Loaded
+        elif kind is StartedCommit:
+            if self._last_request is not StartCommit:
+                raise ProtocolOrderError(f"StartedCommit sent before StartCommit was received "
+                                         f"(last request: {_name(self._last_request)})")
+        self._last_response = kind
+
+    def _check_acknowledge(self) -> None:
+        if self._last_request is Open and self._last_response is None:
+            raise ProtocolOrderError("Acknowledge sent before Opened was received")
+        if self._last_request is StartCommit and self._last_response is Flushed:
+            raise ProtocolOrderError("Acknowledge sent before StartedCommit was received")
+
+    def _check_load(self, msg: Load) -> None:
+        self._check_binding(Load, msg.binding)
+        if self._delta_updates[msg.binding]:
+            raise ProtocolOrderError(f"Load sent for delta-updates binding {msg.binding}")
+        identity = key_identity(msg.binding, msg.key)
+        if identity in self._loaded_keys:
+            raise ProtocolOrderError(f"Load of binding {msg.binding} key {msg.key!r} sent twice in one "
+                                     "transaction")
+        self._loaded_keys.add(identity)
+        self._unanswered_keys.add(identity)
+
+    def _check_binding(self, kind: type, binding: int) -> None:
+        if not 0 <= binding < len(self._delta_updates):
+            raise ProtocolOrderError(f"{kind.__name__} names binding {binding}, but Open declared "
+                                     f"{len(self._delta_updates)}")
+

@@ -1,0 +1,146 @@
+"""Framing of protocol messages on a byte stream: a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
+
+Two thin transports share the codec: asyncio (the driver server) and blocking sockets (the runtime, which runs
+inside Spark's synchronous foreachBatch). Neither knows about message meaning; see protocol.py for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+from typing import Any
+
+from headrace.errors import ProtocolViolation
+
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+_RECV_CHUNK = 256 * 1024
+_encode_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+class FrameTooLarge(ProtocolViolation):
+    """A frame exceeds MAX_FRAME_BYTES: a runaway document or a peer speaking another protocol."""
+
+
+def _too_large(length: int) -> FrameTooLarge:
+    return FrameTooLarge(f"frame of {length} bytes exceeds the {MAX_FRAME_BYTES} byte limit "
+                         "(split the document or transaction, or check that the peer speaks this protocol)")
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    payload = _encode_json(message).encode("utf-8")
+    if len(payload) > MAX_FRAME_BYTES:
+        raise _too_large(len(payload))
+    return _HEADER.pack(len(payload)) + payload
+
+
+def decode_payload(payload: bytes | bytearray | memoryview) -> dict[str, Any]:
+    try:
+        message = json.loads(bytes(payload))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolViolation(f"frame is not UTF-8 JSON: {exc}") from exc
+    if not isinstance(message, dict):
+        raise ProtocolViolation(f"frame holds a JSON {type(message).__name__}, expected an object")
+    return message
+
+
+# ---------------------------------------------------------------------------------------------- asyncio
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next message, or None at a clean EOF (between frames). A truncated frame raises ConnectionError."""
+    try:
+        header = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise ConnectionError("connection closed inside a frame header") from exc
+    (length,) = _HEADER.unpack(header)
+    if length > MAX_FRAME_BYTES:
+        raise _too_large(length)
+    try:
+        payload = await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise ConnectionError(f"connection closed inside a {length} byte frame") from exc
+    return decode_payload(payload)
+
+
+def write_frame(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+    """Buffer one frame; the caller awaits writer.drain() for back-pressure."""
+    writer.write(encode_frame(message))
+
+
+def write_frames(writer: asyncio.StreamWriter, messages: list[dict[str, Any]]) -> None:
+    writer.write(b"".join(encode_frame(m) for m in messages))
+
+
+# ---------------------------------------------------------------------------------------------- blocking
+
+
+class FrameSocket:
+    """A blocking framed connection with a read buffer, so a burst of small frames costs few syscalls."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray()
+        self._scan = 0  # start of the unread part of _buffer; compacted lazily to avoid O(n^2) slicing
+
+    @classmethod
+    def connect(cls, host: str, port: int, timeout: float = 10.0,
+                io_timeout: float | None = None) -> FrameSocket:
+        """Connect within `timeout` seconds; afterwards reads and writes wait `io_timeout` (None: forever)."""
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.settimeout(io_timeout)
+        # Small control frames (Flush, StartCommit) must not wait out Nagle + delayed ACK (~40 ms each).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(sock)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self._sock.sendall(encode_frame(message))
+
+    def send_many(self, messages: list[dict[str, Any]]) -> None:
+        """All frames in one sendall, i.e. one syscall unless the kernel buffer fills."""
+        self._sock.sendall(b"".join(encode_frame(m) for m in messages))
+
+    def recv(self) -> dict[str, Any]:
+        """The next message; ConnectionError if the peer closed the connection."""
+        self._fill(_HEADER.size)
+        (length,) = _HEADER.unpack_from(self._buffer, self._scan)
+        if length > MAX_FRAME_BYTES:
+            raise _too_large(length)
+        self._fill(_HEADER.size + length)
+        start = self._scan + _HEADER.size
+        payload = memoryview(self._buffer)[start:start + length]
+        try:
+            message = decode_payload(payload)
+        finally:
+            payload.release()  # a live memoryview would forbid resizing the buffer
+        self._scan = start + length
+        return message
+
+    def _fill(self, needed: int) -> None:
+        """Ensure `needed` unread bytes are buffered."""
+        while len(self._buffer) - self._scan < needed:
+            if self._scan:
+                del self._buffer[:self._scan]
+                self._scan = 0
+            chunk = self._sock.recv(max(_RECV_CHUNK, needed - len(self._buffer)))
+            if not chunk:
+                raise ConnectionError("driver connection closed" if not self._buffer
+                                      else "driver connection closed inside a frame")
+            self._buffer += chunk
+
+    def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed by the peer
+        self._sock.close()
+
+    def __enter__(self) -> FrameSocket:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

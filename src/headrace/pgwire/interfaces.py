@@ -1,0 +1,52 @@
+"""The coordinator as pgwire sees it: structural types for the AdapterClient / SessionClient that
+headrace.coordinator.client implements, so this package never imports the coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+
+from headrace.coordinator.responses import Column, ExecuteResponse, StatementDescription
+
+
+class SessionClient(Protocol):
+    """One client session. Every method may raise HeadraceError, which pgwire reports to the client."""
+
+    connection_id: int  # BackendKeyData process id; keep both it and secret_key in [0, 2**31)
+    secret_key: int
+
+    @property
+    def transaction_status(self) -> str:
+        """'I' idle, 'T' in a transaction block, 'E' in a failed transaction block."""
+        ...
+
+    def startup_parameters(self) -> dict[str, str]: ...
+
+    def split_statements(self, sql: str) -> list[str]: ...
+
+    async def prepare(self, name: str, sql: str, param_types: Sequence[int]) -> None: ...
+
+    def describe_statement(self, name: str) -> StatementDescription: ...
+
+    def bind(self, portal: str, statement: str, params: Sequence[object]) -> None: ...
+
+    def describe_portal(self, portal: str) -> tuple[Column, ...] | None: ...
+
+    async def execute(self, portal: str, max_rows: int, cancel: asyncio.Event) -> ExecuteResponse: ...
+
+    def close_statement(self, name: str) -> None: ...
+
+    def close_portal(self, name: str) -> None: ...
+
+    def on_sync(self) -> None: ...
+
+    def on_error(self) -> None: ...
+
+    async def terminate(self) -> None: ...
+
+
+class AdapterClient(Protocol):
+    async def new_session(self, user: str, database: str, params: dict[str, str]) -> SessionClient: ...
+
+    def cancel(self, connection_id: int, secret_key: int) -> None: ...

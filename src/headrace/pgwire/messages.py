@@ -1,0 +1,497 @@
+"""The PostgreSQL v3 wire codec: frontend message decoding and backend message encoding.
+
+Sans-I/O: `FrontendDecoder` takes bytes as they arrive and yields complete messages; the encoders
+return bytes (or append to a bytearray). Nothing here touches a socket or the coordinator.
+Reference: https://www.postgresql.org/docs/current/protocol-message-formats.html
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from headrace.errors import ProtocolViolation
+
+PROTOCOL_3_0 = 196608  # major 3 << 16 | minor 0
+SSL_REQUEST_CODE = 80877103
+GSSENC_REQUEST_CODE = 80877104
+CANCEL_REQUEST_CODE = 80877102
+
+# PostgreSQL's own limits (pqcomm.h): a startup packet, a "small" message (Sync, Execute, ...),
+# and a large one (Query, Parse, Bind, CopyData). Bigger lengths mean garbage or abuse.
+MAX_STARTUP_PACKET_LENGTH = 10_000
+SMALL_MESSAGE_LIMIT = 10_000
+LARGE_MESSAGE_LIMIT = (1 << 30) - 1
+
+
+# --- frontend messages -------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class StartupMessage:
+    protocol_version: int  # 196608 for 3.0; any other version is still decoded so it can be refused
+    parameters: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class SSLRequest:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class GSSENCRequest:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    process_id: int
+    secret_key: int
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    sql: str
+
+
+@dataclass(frozen=True, slots=True)
+class Parse:
+    statement: str
+    sql: str
+    param_types: tuple[int, ...]  # 0 = let the server infer
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    portal: str
+    statement: str
+    param_formats: tuple[int, ...]  # empty = all text, one = for all, else one per parameter
+    params: tuple[bytes | None, ...]
+    result_formats: tuple[int, ...]  # same convention, per result column
+
+
+@dataclass(frozen=True, slots=True)
+class Describe:
+    kind: Literal["S", "P"]
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    portal: str
+    max_rows: int  # 0 = no limit
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    kind: Literal["S", "P"]
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Terminate:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CopyData:
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CopyDone:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CopyFail:
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PasswordMessage:
+    """'p': a password, SASLInitialResponse or SASLResponse; only the auth phase knows which."""
+
+    payload: bytes
+
+
+FrontendMessage = (StartupMessage | SSLRequest | GSSENCRequest | CancelRequest | Query | Parse | Bind
+                   | Describe | Execute | Close | Sync | Flush | Terminate | CopyData | CopyDone
+                   | CopyFail | PasswordMessage)
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+_INT16 = struct.Struct("!h")
+_UINT16 = struct.Struct("!H")
+_INT32 = struct.Struct("!i")
+_UINT32 = struct.Struct("!I")
+_TYPE_AND_LENGTH = struct.Struct("!ci")
+
+
+class _Reader:
+    """Reads the fields of one message body; any overrun is a malformed message."""
+
+    __slots__ = ("_data", "_pos")
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._pos = 0
+
+    def take(self, size: int) -> bytes:
+        end = self._pos + size
+        if size < 0 or end > len(self._data):
+            raise ProtocolViolation("invalid message format")
+        chunk = self._data[self._pos:end]
+        self._pos = end
+        return chunk
+
+    def int16(self) -> int:
+        return int(_INT16.unpack(self.take(2))[0])
+
+    def int32(self) -> int:
+        return int(_INT32.unpack(self.take(4))[0])
+
+    def uint32(self) -> int:
+        return int(_UINT32.unpack(self.take(4))[0])
+
+    def byte(self) -> str:
+        return chr(self.take(1)[0])
+
+    def cstring(self) -> str:
+        end = self._data.find(b"\0", self._pos)
+        if end < 0:
+            raise ProtocolViolation("invalid string in message")
+        raw = self._data[self._pos:end]
+        self._pos = end + 1
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolViolation("invalid byte sequence for encoding \"UTF8\"") from None
+
+    def rest(self) -> bytes:
+        return self.take(len(self._data) - self._pos)
+
+    def end(self) -> None:
+        if self._pos != len(self._data):
+            raise ProtocolViolation("invalid message format")
+
+
+def _decode_startup(body: bytes) -> FrontendMessage:
+    reader = _Reader(body)
+    code = reader.int32() & 0xFFFFFFFF
+    if code == SSL_REQUEST_CODE:
+        reader.end()
+        return SSLRequest()
+    if code == GSSENC_REQUEST_CODE:
+        reader.end()
+        return GSSENCRequest()
+    if code == CANCEL_REQUEST_CODE:
+        process_id, secret_key = reader.uint32(), reader.uint32()
+        reader.end()
+        return CancelRequest(process_id, secret_key)
+    if code >> 16 != 3:
+        return StartupMessage(code, {})  # another protocol's layout: decoded only to be refused
+    parameters: dict[str, str] = {}
+    while (name := reader.cstring()) != "":
+        parameters[name] = reader.cstring()
+    reader.end()
+    return StartupMessage(code, parameters)
+
+
+def _decode_describe_or_close(reader: _Reader, factory: type[Describe] | type[Close]) -> FrontendMessage:
+    kind = reader.byte()
+    if kind not in ("S", "P"):
+        raise ProtocolViolation(f"invalid {factory.__name__.upper()} message subtype {ord(kind)}")
+    name = reader.cstring()
+    reader.end()
+    return factory(kind, name)  # type: ignore[arg-type]
+
+
+def _decode_parse(reader: _Reader) -> FrontendMessage:
+    statement, sql = reader.cstring(), reader.cstring()
+    param_types = tuple(reader.uint32() for _ in range(reader.int16()))
+    reader.end()
+    return Parse(statement, sql, param_types)
+
+
+def _decode_bind(reader: _Reader) -> FrontendMessage:
+    portal, statement = reader.cstring(), reader.cstring()
+    param_formats = tuple(reader.int16() for _ in range(reader.int16()))
+    params: list[bytes | None] = []
+    for _ in range(reader.int16()):
+        size = reader.int32()
+        params.append(None if size == -1 else reader.take(size))
+    result_formats = tuple(reader.int16() for _ in range(reader.int16()))
+    reader.end()
+    return Bind(portal, statement, param_formats, tuple(params), result_formats)
+
+
+def _decode_execute(reader: _Reader) -> FrontendMessage:
+    portal = reader.cstring()
+    max_rows = reader.int32()
+    reader.end()
+    return Execute(portal, max_rows)
+
+
+def _decode_string_message(factory: Callable[[str], FrontendMessage]) -> Callable[[_Reader], FrontendMessage]:
+    def decode(reader: _Reader) -> FrontendMessage:
+        text = reader.cstring()
+        reader.end()
+        return factory(text)
+    return decode
+
+
+def _decode_empty_message(message: FrontendMessage) -> Callable[[_Reader], FrontendMessage]:
+    def decode(reader: _Reader) -> FrontendMessage:
+        reader.end()
+        return message
+    return decode
+
+
+# type byte -> (maximum length, decoder)
+_TYPED_DECODERS: dict[bytes, tuple[int, Callable[[_Reader], FrontendMessage]]] = {
+    b"Q": (LARGE_MESSAGE_LIMIT, _decode_string_message(Query)),
+    b"P": (LARGE_MESSAGE_LIMIT, _decode_parse),
+    b"B": (LARGE_MESSAGE_LIMIT, _decode_bind),
+    b"D": (SMALL_MESSAGE_LIMIT, lambda reader: _decode_describe_or_close(reader, Describe)),
+    b"E": (SMALL_MESSAGE_LIMIT, _decode_execute),
+    b"C": (SMALL_MESSAGE_LIMIT, lambda reader: _decode_describe_or_close(reader, Close)),
+    b"S": (SMALL_MESSAGE_LIMIT, _decode_empty_message(Sync())),
+    b"H": (SMALL_MESSAGE_LIMIT, _decode_empty_message(Flush())),
+    b"X": (SMALL_MESSAGE_LIMIT, _decode_empty_message(Terminate())),
+    b"d": (LARGE_MESSAGE_LIMIT, lambda reader: CopyData(reader.rest())),
+    b"c": (SMALL_MESSAGE_LIMIT, _decode_empty_message(CopyDone())),
+    b"f": (SMALL_MESSAGE_LIMIT, _decode_string_message(CopyFail)),
+    b"p": (LARGE_MESSAGE_LIMIT, lambda reader: PasswordMessage(reader.rest())),
+}
+
+
+class FrontendDecoder:
+    """Incremental decoder of what a client sends.
+
+    The first packets of a connection are untyped (length + code); after a StartupMessage every
+    message is typed (type byte + length). SSLRequest/GSSENCRequest keep the decoder in the
+    startup phase, since the client sends its real StartupMessage next. Malformed input raises
+    ProtocolViolation at the offending message; messages before it were already returned.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._offset = 0  # start of the first unconsumed byte; consumed bytes are dropped lazily
+        self._startup_phase = True
+
+    def push(self, data: bytes) -> None:
+        if self._offset:
+            # Compact only when new bytes arrive, so draining many pipelined messages stays linear.
+            del self._buffer[:self._offset]
+            self._offset = 0
+        self._buffer += data
+
+    def next_message(self) -> FrontendMessage | None:
+        """The next complete message, or None until more bytes arrive."""
+        buffer, start = self._buffer, self._offset
+        available = len(buffer) - start
+        if self._startup_phase:
+            if available < 4:
+                return None
+            length = _INT32.unpack_from(buffer, start)[0]
+            if not 8 <= length <= MAX_STARTUP_PACKET_LENGTH:
+                raise ProtocolViolation("invalid length of startup packet")
+            if available < length:
+                return None
+            message = _decode_startup(bytes(buffer[start + 4:start + length]))
+            self._offset = start + length
+            if isinstance(message, StartupMessage):
+                self._startup_phase = False
+            return message
+        if available < 5:
+            return None
+        type_byte, length = _TYPE_AND_LENGTH.unpack_from(buffer, start)
+        entry = _TYPED_DECODERS.get(type_byte)
+        if entry is None:
+            raise ProtocolViolation(f"invalid frontend message type {type_byte[0]}")
+        max_length, decode = entry
+        if not 4 <= length <= max_length:
+            raise ProtocolViolation(f"invalid message length {length} for message type {type_byte[0]}")
+        if available < length + 1:
+            return None
+        body = bytes(buffer[start + 5:start + length + 1])
+        self._offset = start + length + 1
+        return decode(_Reader(body))
+
+    def feed(self, data: bytes) -> list[FrontendMessage]:
+        """Push bytes and return every message now complete (raises on malformed input)."""
+        self.push(data)
+        messages = []
+        while (message := self.next_message()) is not None:
+            messages.append(message)
+        return messages
+
+
+# --- backend encoding --------------------------------------------------------------------------
+
+def _message(type_byte: bytes, body: bytes) -> bytes:
+    return type_byte + _INT32.pack(len(body) + 4) + body
+
+
+def _cstring(text: str) -> bytes:
+    return text.encode("utf-8") + b"\0"
+
+
+def authentication_ok() -> bytes:
+    return _message(b"R", _INT32.pack(0))
+
+
+def authentication_cleartext_password() -> bytes:
+    return _message(b"R", _INT32.pack(3))
+
+
+def authentication_sasl(mechanisms: Iterable[str]) -> bytes:
+    return _message(b"R", _INT32.pack(10) + b"".join(_cstring(m) for m in mechanisms) + b"\0")
+
+
+def authentication_sasl_continue(data: bytes) -> bytes:
+    return _message(b"R", _INT32.pack(11) + data)
+
+
+def authentication_sasl_final(data: bytes) -> bytes:
+    return _message(b"R", _INT32.pack(12) + data)
+
+
+def parameter_status(name: str, value: str) -> bytes:
+    return _message(b"S", _cstring(name) + _cstring(value))
+
+
+def backend_key_data(process_id: int, secret_key: int) -> bytes:
+    # Masked so any int that fits 32 bits round-trips through CancelRequest's unsigned decoding.
+    return _message(b"K", _UINT32.pack(process_id & 0xFFFFFFFF) + _UINT32.pack(secret_key & 0xFFFFFFFF))
+
+
+def negotiate_protocol_version(newest_minor: int, unrecognized_options: Sequence[str]) -> bytes:
+    body = _INT32.pack(newest_minor) + _INT32.pack(len(unrecognized_options))
+    return _message(b"v", body + b"".join(_cstring(option) for option in unrecognized_options))
+
+
+def ready_for_query(transaction_status: str) -> bytes:
+    return _message(b"Z", transaction_status.encode("ascii"))
+
+
+# table oid, column number, type oid, type size, type modifier, format code
+_FIELD = struct.Struct("!ihIhih")
+
+
+def row_description(fields: Sequence[tuple[str, int, int, int, int]]) -> bytes:
+    """fields: (name, type oid, type size, type modifier, format code) per column."""
+    parts = [_INT16.pack(len(fields))]
+    for name, type_oid, type_size, type_modifier, format_code in fields:
+        parts.append(_cstring(name))
+        parts.append(_FIELD.pack(0, 0, type_oid, type_size, type_modifier, format_code))
+    return _message(b"T", b"".join(parts))
+
+
+_NULL_CELL = _INT32.pack(-1)
+_DATA_ROW_HEADER = struct.Struct("!cih")
+
+
+def data_row(cells: Sequence[bytes | None]) -> bytes:
+    """One DataRow from already-encoded cells (None = SQL NULL)."""
+    out = bytearray()
+    append_data_rows(out, [tuple(cells)], [_identity] * len(cells))
+    return bytes(out)
+
+
+def _identity(value: bytes) -> bytes:
+    return value
+
+
+def append_data_rows(out: bytearray, rows: Iterable[Sequence[Any]],
+                     encoders: Sequence[Callable[[Any], bytes]]) -> None:
+    """Encode rows straight into `out`, one DataRow each; `encoders[i]` turns column i's non-NULL
+    value into its wire bytes. The SELECT hot path: one bytearray, no per-row message objects."""
+    column_count = len(encoders)
+    pack_length = _INT32.pack
+    pack_header = _DATA_ROW_HEADER.pack
+    for row in rows:
+        if len(row) != column_count:
+            raise ValueError(f"row has {len(row)} values but the result has {column_count} columns")
+        parts = []
+        size = 6  # length field + column count
+        for value, encode in zip(row, encoders):
+            if value is None:
+                parts.append(_NULL_CELL)
+                size += 4
+            else:
+                cell = encode(value)
+                parts.append(pack_length(len(cell)))
+                parts.append(cell)
+                size += 4 + len(cell)
+        out += pack_header(b"D", size, column_count)
+        out += b"".join(parts)
+
+
+def command_complete(tag: str) -> bytes:
+    return _message(b"C", _cstring(tag))
+
+
+def empty_query_response() -> bytes:
+    return b"I\0\0\0\4"
+
+
+def _error_fields(severity: str, sqlstate: str, message: str, detail: str | None, hint: str | None,
+                  position: int | None) -> bytes:
+    fields = [b"S", _cstring(severity), b"V", _cstring(severity), b"C", _cstring(sqlstate),
+              b"M", _cstring(message)]
+    if detail is not None:
+        fields += [b"D", _cstring(detail)]
+    if hint is not None:
+        fields += [b"H", _cstring(hint)]
+    if position is not None:
+        fields += [b"P", _cstring(str(position))]
+    fields.append(b"\0")
+    return b"".join(fields)
+
+
+def error_response(severity: str, sqlstate: str, message: str, *, detail: str | None = None,
+                   hint: str | None = None, position: int | None = None) -> bytes:
+    return _message(b"E", _error_fields(severity, sqlstate, message, detail, hint, position))
+
+
+def notice_response(severity: str, sqlstate: str, message: str, *, detail: str | None = None,
+                    hint: str | None = None) -> bytes:
+    return _message(b"N", _error_fields(severity, sqlstate, message, detail, hint, None))
+
+
+def parse_complete() -> bytes:
+    return b"1\0\0\0\4"
+
+
+def bind_complete() -> bytes:
+    return b"2\0\0\0\4"
+
+
+def close_complete() -> bytes:
+    return b"3\0\0\0\4"
+
+
+def no_data() -> bytes:
+    return b"n\0\0\0\4"
+
+
+def portal_suspended() -> bytes:
+    return b"s\0\0\0\4"
+
+
+def parameter_description(type_oids: Sequence[int]) -> bytes:
+    return _message(b"t", _INT16.pack(len(type_oids)) + b"".join(_UINT32.pack(oid) for oid in type_oids))

@@ -1,0 +1,75 @@
+"""The asyncio transport: the only pgwire code that touches sockets.
+
+Per connection: read -> PgConnection (decode + state machine) -> write. Output is written when an
+effect asks (ReadyForQuery, Flush, errors, close) or when more than WRITE_HIGH_WATER bytes are
+pending, so a pipelined batch goes out in few writes. Statements run one at a time per connection;
+a CancelRequest arrives on its own connection and is passed to adapter.cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+
+from headrace.pgwire.connection import CancelRequested, PgConnection, Signal
+from headrace.pgwire.interfaces import AdapterClient
+
+logger = logging.getLogger(__name__)
+
+READ_CHUNK_SIZE = 64 * 1024
+WRITE_HIGH_WATER = 64 * 1024
+
+
+async def start_pgwire_server(adapter: AdapterClient, host: str, port: int) -> asyncio.Server:
+    """Listen for PostgreSQL clients; close the returned server to stop accepting connections."""
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await serve_connection(adapter, reader, writer)
+
+    return await asyncio.start_server(on_client, host, port)
+
+
+async def serve_connection(adapter: AdapterClient, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        # Replies are small and latency-bound (ReadyForQuery); never wait for Nagle.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    connection = PgConnection(adapter)
+    try:
+        while data := await reader.read(READ_CHUNK_SIZE):
+            connection.receive_data(data)
+            while (effects := await connection.step()) is not None:
+                if not await _apply_effects(adapter, connection, writer, effects):
+                    return
+    except ConnectionError:
+        pass  # the client went away; its session is terminated below
+    except Exception:
+        logger.exception("pgwire connection failed")
+    finally:
+        await connection.connection_lost()
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+async def _apply_effects(adapter: AdapterClient, connection: PgConnection, writer: asyncio.StreamWriter,
+                         effects: list[Signal | CancelRequested]) -> bool:
+    """Carry out one step's effects; False when the connection must close."""
+    closing = False
+    for effect in effects:
+        if isinstance(effect, CancelRequested):
+            try:
+                adapter.cancel(effect.process_id, effect.secret_key)
+            except Exception:
+                logger.exception("cancel request failed")
+        elif effect is Signal.CLOSE:
+            closing = True
+    if closing or Signal.FLUSH in effects or connection.pending_output_size >= WRITE_HIGH_WATER:
+        output = connection.take_output()
+        if output:
+            writer.write(output)
+            await writer.drain()
+    return not closing

@@ -1,0 +1,31 @@
+"""The simple query protocol: one Query message, possibly several statements."""
+
+from __future__ import annotations
+
+import asyncio
+
+from headrace.coordinator.responses import SendingRows
+from headrace.pgwire import messages
+from headrace.pgwire.interfaces import SessionClient
+from headrace.pgwire.results import append_result
+from headrace.pgwire.types import TEXT_FORMAT
+
+UNNAMED = ""
+
+
+async def run_simple_query(session: SessionClient, sql: str, out: bytearray, cancel: asyncio.Event) -> None:
+    """Run each statement in order through the unnamed statement and portal, writing
+    RowDescription + DataRows + CommandComplete (text format) per statement.
+
+    Raises the first statement's error: results of the statements before it are already in `out`
+    and the rest are not run. The caller writes the ErrorResponse and the one ReadyForQuery."""
+    statements = session.split_statements(sql)
+    if not statements:
+        out += messages.empty_query_response()
+        return
+    for statement in statements:
+        await session.prepare(UNNAMED, statement, ())
+        session.bind(UNNAMED, UNNAMED, ())
+        result = await session.execute(UNNAMED, 0, cancel)
+        column_count = len(result.columns) if isinstance(result, SendingRows) else 0
+        append_result(out, result, (TEXT_FORMAT,) * column_count, with_row_description=True)

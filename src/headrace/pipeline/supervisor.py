@@ -1,0 +1,123 @@
+"""Server side of the pipeline: starts the pipeline process, tells it the catalog, restarts it
+if it dies. The server keeps taking webhooks whatever the pipeline is doing: the log decouples them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from headrace.catalog.items import WebhookSource
+from headrace.materialize.transport import read_frame, write_frame
+
+log = logging.getLogger(__name__)
+
+RESTART_BACKOFF_MAX_S = 10.0
+STOP_GRACE_S = 15.0
+
+
+class PipelineSupervisor:
+    def __init__(self, data_dir: Path, spark_master: str, driver_address: tuple[str, int]) -> None:
+        self.data_dir = data_dir
+        self.spark_master = spark_master
+        self.driver_address = driver_address
+        self._sources: list[WebhookSource] = []
+        self._generation = 0
+        self._writer: asyncio.StreamWriter | None = None
+        self._process: asyncio.subprocess.Process | None = None
+        self._server: asyncio.Server | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.ready = asyncio.Event()  # the pipeline process has a SparkSession
+
+    async def start(self, sources: list[WebhookSource]) -> None:
+        self._sources = list(sources)
+        self._server = await asyncio.start_server(self._on_control_connection, "127.0.0.1", 0)
+        self._watch_task = asyncio.create_task(self._run_forever())
+
+    def update(self, sources: list[WebhookSource]) -> None:
+        self._sources = list(sources)
+        self._push()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process and self._process.returncode is None else None
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._watch_task:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+        process = self._process
+        if process and process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+            except asyncio.TimeoutError:
+                process.kill()
+                await process.wait()
+        if self._server:
+            self._server.close()
+
+    async def _run_forever(self) -> None:
+        failures = 0
+        while not self._stopping:
+            started = asyncio.get_running_loop().time()
+            await self._spawn()
+            assert self._process is not None
+            code = await self._process.wait()
+            self.ready.clear()
+            if self._stopping:
+                return
+            ran_for = asyncio.get_running_loop().time() - started
+            failures = 0 if ran_for > 60 else failures + 1
+            delay = min(RESTART_BACKOFF_MAX_S, 0.5 * 2 ** failures)
+            log.error("pipeline process exited with %s; restarting in %.1fs", code, delay)
+            await asyncio.sleep(delay)
+
+    async def _spawn(self) -> None:
+        assert self._server is not None
+        control_port = self._server.sockets[0].getsockname()[1]
+        log_dir = self.data_dir / "pipeline"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        output = open(log_dir / "pipeline.log", "ab")
+        try:
+            self._process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "headrace.pipeline.process",
+                "--control", f"127.0.0.1:{control_port}",
+                "--driver", f"{self.driver_address[0]}:{self.driver_address[1]}",
+                "--data-dir", str(self.data_dir), "--spark-master", self.spark_master,
+                stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
+                env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
+            )
+        finally:
+            output.close()
+
+    async def _on_control_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._push()
+        try:
+            while (message := await read_frame(reader)) is not None:
+                if message.get("type") == "ready":
+                    self.ready.set()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if self._writer is writer:
+                self._writer = None
+            writer.close()
+
+    def _push(self) -> None:
+        if self._writer is None:
+            return
+        self._generation += 1
+        write_frame(self._writer, {
+            "type": "sources",
+            "generation": self._generation,
+            "sources": [{"id": source.id, "create_sql": source.create_sql} for source in self._sources],
+        })

@@ -1,0 +1,120 @@
+"""`headrace up`: one process that serves pgwire, HTTP webhooks and the serving-store driver, and
+supervises the Spark pipeline process."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import shutil
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from headrace.catalog.catalog import Catalog
+from headrace.coordinator.client import AdapterClient
+from headrace.coordinator.coordinator import Coordinator
+from headrace.coordinator.sources import DataLayout, SourceResources
+from headrace.http.app import make_app, run_http
+from headrace.materialize.driver import start_driver_server
+from headrace.materialize.drivers.serving import ServingTransactor
+from headrace.pgwire.server import start_pgwire_server
+from headrace.pipeline.supervisor import PipelineSupervisor
+from headrace.sql.ddl import item_from_create_sql
+from headrace.store.serving import ServingStore
+from headrace.webhook.ingest import IngestRegistry
+
+log = logging.getLogger("headrace")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    data_dir: Path = Path("headrace-data")
+    host: str = "127.0.0.1"
+    pg_port: int = 6875
+    http_port: int = 6876
+    spark_master: str = "local[*]"
+
+
+class DataDirLocked(Exception):
+    pass
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """One server per data directory: a second one would corrupt the logs and the store."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(data_dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise DataDirLocked(f"another headrace server is using {data_dir}") from None
+    return descriptor
+
+
+async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
+    lock = lock_data_dir(config.data_dir)
+    layout = DataLayout(config.data_dir.resolve())
+    executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headrace-store")
+    store = ServingStore(layout.store_file)
+    registry = IngestRegistry()
+    catalog = Catalog(layout.root, item_from_create_sql)
+    resources = SourceResources(layout, store, registry, executor)
+    for source in catalog.sources():
+        await resources.ensure(source)
+    _remove_orphans(layout, {source.id for source in catalog.sources()})
+
+    driver_server = await start_driver_server("127.0.0.1", 0, lambda _open: ServingTransactor(store))
+    driver_address = driver_server.sockets[0].getsockname()[:2]
+    supervisor = PipelineSupervisor(layout.root, config.spark_master, driver_address)
+    coordinator = Coordinator(catalog, resources, executor, supervisor.update)
+    adapter = AdapterClient(coordinator)
+    pg_server = await start_pgwire_server(adapter, config.host, config.pg_port)
+    http_runner = await run_http(make_app(registry), config.host, config.http_port)
+    await supervisor.start(catalog.sources())
+
+    print(f"headrace is up (data in {layout.root})", flush=True)
+    print(f"  SQL:      psql -h {config.host} -p {config.pg_port} -U headrace headrace", flush=True)
+    print(f"  webhooks: POST http://{config.host}:{config.http_port}/api/webhook/headrace/public/<source>",
+          flush=True)
+    try:
+        await stop.wait()
+    finally:
+        print("headrace: shutting down", flush=True)
+        await http_runner.cleanup()  # stop taking webhooks first: nothing acknowledged is lost
+        pg_server.close()
+        await supervisor.stop()
+        driver_server.close()
+        await registry.close_all()
+        executor.shutdown(wait=True)
+        store.close()
+        os.close(lock)
+
+
+def _remove_orphans(layout: DataLayout, live_ids: set[str]) -> None:
+    """A crash during DROP SOURCE can leave its files behind; the catalog says what is live."""
+    logs = layout.root / "logs"
+    if logs.exists():
+        for entry in logs.iterdir():
+            if entry.name not in live_ids:
+                shutil.rmtree(entry, ignore_errors=True)
+    checkpoints = layout.root / "pipeline" / "checkpoints"
+    if checkpoints.exists():
+        for entry in checkpoints.iterdir():
+            if entry.name.removeprefix("source_") not in live_ids:
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def run(config: ServerConfig) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await serve(config, stop)
+
+    asyncio.run(main())

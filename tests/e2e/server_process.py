@@ -1,0 +1,100 @@
+"""A real `headrace up` process for end-to-end tests: free ports, a temporary data dir, and the
+means to kill -9 every process it started (server, pipeline, JVM share one process group)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class HeadraceProcess:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.pg_port = free_port()
+        self.http_port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.output_path = data_dir.parent / f"{data_dir.name}-server.log"
+
+    @property
+    def dsn(self) -> str:
+        return f"host=127.0.0.1 port={self.pg_port} user=headrace dbname=headrace"
+
+    def webhook_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.http_port}/api/webhook/headrace/public/{name}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        output = open(self.output_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "headrace.cli", "up", "--data-dir", str(self.data_dir),
+             "--pg-port", str(self.pg_port), "--http-port", str(self.http_port), "--spark-master", "local[2]"],
+            stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        output.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"headrace exited with {self.process.returncode}:\n{self.output()}")
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError:
+                time.sleep(0.2)
+        raise TimeoutError(f"headrace did not accept connections:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.output_path.read_text(errors="replace") if self.output_path.exists() else ""
+
+    def pipeline_log(self) -> str:
+        path = self.data_dir / "pipeline" / "pipeline.log"
+        return path.read_text(errors="replace")[-5000:] if path.exists() else ""
+
+    def kill9(self) -> None:
+        """kill -9 every process of this server: the server, its pipeline and Spark's JVM."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.process.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # stragglers (JVM) of a clean stop
+        except ProcessLookupError:
+            pass
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2, message: str = "condition") -> object:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {message}; last value {last!r}")

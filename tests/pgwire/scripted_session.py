@@ -4,8 +4,9 @@ elsewhere) so the pgwire layer can be checked message by message and against rea
 
 Statements it knows:
   SELECT 1 | SELECT * FROM numbers (n = 1..5) | SELECT 1/0 (22012) | SELECT everything (one row of
-  every supported type) | SELECT everything but int arrays (asyncpg would introspect int4[]) | SELECT pg_sleep (waits until cancelled: 57014) | BEGIN | COMMIT |
-  ROLLBACK | SET ... (with a notice) | SELECT $1::type, $2::type, ... (echoes its parameters).
+  every supported type) | SELECT everything but int arrays (asyncpg would introspect int4[]) |
+  SELECT pg_sleep (waits until cancelled: 57014) | BEGIN | COMMIT | ROLLBACK | SET ... (with a
+  notice) | SELECT $1::type, $2::type, ... (echoes its parameters).
 Anything else is a syntax error (42601, position 1).
 """
 
@@ -21,7 +22,12 @@ from decimal import Decimal
 from typing import Any
 
 from headrace.coordinator.responses import (
-    Column, CommandComplete, EmptyQuery, ExecuteResponse, SendingRows, StatementDescription,
+    Column,
+    CommandComplete,
+    EmptyQuery,
+    ExecuteResponse,
+    SendingRows,
+    StatementDescription,
 )
 from headrace.errors import HeadraceError, QueryCanceled
 from headrace.pgwire import types as t

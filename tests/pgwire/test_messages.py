@@ -169,7 +169,7 @@ def test_any_split_of_a_stream_decodes_to_the_same_messages(
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
     decoder = m.FrontendDecoder()
     decoded: list[m.FrontendMessage] = []
-    for start, end in zip([0, *cuts], [*cuts, len(stream)]):
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
         decoded += decoder.feed(stream[start:end])
     assert decoded == [m.StartupMessage(196608, parameters), *typed]
 

@@ -86,7 +86,7 @@ def test_psycopg_decodes_every_type(server: BackgroundServer, binary: bool) -> N
         cursor = conn.cursor(binary=binary)
         row = cursor.execute("SELECT everything").fetchone()
         assert cursor.description is not None and row is not None
-        assert dict(zip([column.name for column in cursor.description], row)) == EXPECTED_EVERYTHING
+        assert dict(zip([column.name for column in cursor.description], row, strict=True)) == EXPECTED_EVERYTHING
 
 
 @pytest.mark.parametrize("placeholder", ["%s", "%b", "%t"])
@@ -135,9 +135,13 @@ def test_psycopg_pipeline(server: BackgroundServer) -> None:
 
 def test_psycopg_cancel(server: BackgroundServer) -> None:
     with connect(server) as conn:
+        session = server.adapter.sessions[conn.info.backend_pid]
+
         def cancel_soon() -> None:
-            time.sleep(0.2)
-            conn.cancel_safe()
+            deadline = time.monotonic() + 5
+            while session.running is None and time.monotonic() < deadline:  # wait for the execute
+                time.sleep(0.01)
+            conn.cancel_safe()  # a CancelRequest on a new connection
 
         canceller = threading.Thread(target=cancel_soon)
         canceller.start()

@@ -144,7 +144,8 @@ def test_null_parameter_is_none() -> None:
 
 
 def test_type_sizes_for_row_description() -> None:
-    assert [t.type_size(oid) for oid in (t.BOOL, t.INT8, t.TEXT, t.TIMESTAMPTZ, t.UUID, 424242)] == [1, 8, -1, 8, 16, -1]
+    oids = (t.BOOL, t.INT8, t.TEXT, t.TIMESTAMPTZ, t.UUID, 424242)
+    assert [t.type_size(oid) for oid in oids] == [1, 8, -1, 8, 16, -1]
 
 
 # --- round trips --------------------------------------------------------------------------------

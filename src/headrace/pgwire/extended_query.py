@@ -41,8 +41,8 @@ class ExtendedQueryHandler:
                 f'bind message supplies {parameter_count} parameters, but prepared statement '
                 f'"{message.statement}" requires {len(description.param_types)}')
         formats = resolve_formats(format_codes, parameter_count)
-        values = [decode_parameter(type_oid, format_code, data)
-                  for type_oid, format_code, data in zip(description.param_types, formats, message.params)]
+        values = [decode_parameter(type_oid, format_code, data) for type_oid, format_code, data
+                  in zip(description.param_types, formats, message.params, strict=True)]
         # Validate the result formats now, as PostgreSQL does, rather than at the first Execute.
         resolve_formats(message.result_formats, len(description.columns or ()))
         self._session.bind(message.portal, message.statement, values)

@@ -13,8 +13,13 @@ from headrace.coordinator.responses import Column, ExecuteResponse, StatementDes
 class SessionClient(Protocol):
     """One client session. Every method may raise HeadraceError, which pgwire reports to the client."""
 
-    connection_id: int  # BackendKeyData process id; keep both it and secret_key in [0, 2**31)
-    secret_key: int
+    @property
+    def connection_id(self) -> int:
+        """BackendKeyData's process id; keep it and secret_key in [0, 2**31) for every client."""
+        ...
+
+    @property
+    def secret_key(self) -> int: ...
 
     @property
     def transaction_status(self) -> str:

@@ -31,7 +31,7 @@ def row_description(columns: Sequence[Column], formats: Sequence[int]) -> bytes:
         (column.name, column.type_oid,
          column.type_size if column.type_size != -1 else type_size(column.type_oid),
          column.type_modifier, format_code)
-        for column, format_code in zip(columns, formats)
+        for column, format_code in zip(columns, formats, strict=True)
     ])
 
 
@@ -44,7 +44,7 @@ def append_result(out: bytearray, result: ExecuteResponse, formats: Sequence[int
         if with_row_description:
             out += row_description(result.columns, formats)
         encoders = [value_encoder(column.type_oid, format_code)
-                    for column, format_code in zip(result.columns, formats)]
+                    for column, format_code in zip(result.columns, formats, strict=True)]
         messages.append_data_rows(out, result.rows, encoders)
         if result.suspended:
             out += messages.portal_suspended()

@@ -10,7 +10,7 @@ from sqlglot import exp
 
 from headrace.catalog.items import DEFAULT_DATABASE, DEFAULT_SCHEMA
 from headrace.errors import FeatureNotSupported, UndefinedObject
-from headrace.sql.types import OID_BY_TYPE_NAME, TEXT_OID
+from headrace.sql.types import DUCKDB_TYPE_BY_OID, OID_BY_TYPE_NAME, TEXT_OID
 
 QUERY_TYPES = (exp.Select, exp.Union, exp.Intersect, exp.Except)
 
@@ -44,6 +44,8 @@ def plan_select(ast: exp.Expr, relation_exists: RelationResolver, declared_param
     _resolve_relations(ast, relation_exists)
     names = _output_names(ast)
     param_types = _param_types(ast, declared_param_types)
+    _type_parameters(ast, param_types, declared_param_types)
+    _use_store_functions(ast)
     return SelectPlan(duckdb_sql=ast.sql(dialect="duckdb"), column_names=tuple(names), param_types=param_types)
 
 
@@ -93,6 +95,8 @@ def _figure_column_name(node: exp.Expr) -> str:
         return _figure_column_name(node.this)
     if isinstance(node, exp.Count):
         return "count"
+    if isinstance(node, exp.CurrentTimestamp):
+        return "now"
     if isinstance(node, exp.Anonymous):
         return str(node.this).lower()
     if isinstance(node, exp.Func) and not isinstance(node, (exp.Binary, exp.JSONExtract, exp.JSONExtractScalar)):
@@ -123,6 +127,26 @@ def _param_types(ast: exp.Expr, declared: Sequence[int]) -> tuple[int, ...]:
         declared_oid = declared[number - 1] if number <= len(declared) else 0
         types.append(declared_oid or inferred.get(number, TEXT_OID))
     return tuple(types)
+
+
+def _type_parameters(ast: exp.Expr, param_types: Sequence[int], declared: Sequence[int]) -> None:
+    """Give the store every parameter's type where the client declared it or nothing else can
+    (a bare `SELECT $1`), so Describe and Execute agree on the result types."""
+    for node in list(ast.find_all(exp.Placeholder, exp.Parameter)):
+        number = _parameter_number(node)
+        if number is None or isinstance(node.parent, exp.Cast):
+            continue
+        is_declared = number <= len(declared) and declared[number - 1] != 0
+        is_projection = isinstance(node.parent, (exp.Select, exp.Alias))
+        duckdb_type = DUCKDB_TYPE_BY_OID.get(param_types[number - 1])
+        if duckdb_type and (is_declared or is_projection):
+            node.replace(exp.Cast(this=node.copy(), to=exp.DataType.build(duckdb_type, dialect="duckdb")))
+
+
+def _use_store_functions(ast: exp.Expr) -> None:
+    # DuckDB reads a bare CURRENT_TIMESTAMP as a reference to a same-named output column.
+    for node in list(ast.find_all(exp.CurrentTimestamp)):
+        node.replace(exp.Anonymous(this="now", expressions=[]))
 
 
 def _parameter_number(node: exp.Expr) -> int | None:

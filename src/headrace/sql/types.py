@@ -30,3 +30,11 @@ def oid_of_duckdb_type(type_name: str) -> int:
     if name.startswith("TIMESTAMP") and "TIME ZONE" not in name:
         return 1114
     return _DUCKDB_TO_OID.get(name, TEXT_OID)
+
+
+# PostgreSQL OID -> the serving store's type, for typing parameters the client declared.
+DUCKDB_TYPE_BY_OID: dict[int, str] = {
+    16: "BOOLEAN", 17: "BLOB", 20: "BIGINT", 21: "SMALLINT", 23: "INTEGER", 25: "VARCHAR", 1043: "VARCHAR",
+    114: "JSON", 3802: "JSON", 700: "FLOAT", 701: "DOUBLE", 1700: "DECIMAL(38, 10)", 1082: "DATE",
+    1114: "TIMESTAMP", 1184: "TIMESTAMPTZ", 1186: "INTERVAL", 2950: "UUID",
+}

@@ -10,6 +10,7 @@ import re
 import struct
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
+
 from headrace.pgwire.types.base import OutOfRange, TypeCodec, Unsupported
 
 _EPOCH_ORDINAL = date(2000, 1, 1).toordinal()
@@ -17,6 +18,7 @@ _EPOCH_NAIVE = datetime(2000, 1, 1)
 _EPOCH_UTC = datetime(2000, 1, 1, tzinfo=timezone.utc)
 _US_PER_SECOND = 1_000_000
 _US_PER_DAY = 86_400 * _US_PER_SECOND
+_ONE_MICROSECOND = timedelta(microseconds=1)
 _INT32 = struct.Struct("!i")
 _INT64 = struct.Struct("!q")
 _INTERVAL = struct.Struct("!qii")  # microseconds, days, months
@@ -106,12 +108,6 @@ def _format_timestamp(value: datetime) -> str:
             f"{value.second:02d}{_fraction(value.microsecond)}")
 
 
-def _timestamp_micros(value: datetime) -> int:
-    days = value.toordinal() - _EPOCH_ORDINAL
-    seconds = days * 86_400 + value.hour * 3600 + value.minute * 60 + value.second
-    return seconds * _US_PER_SECOND + value.microsecond
-
-
 def _decode_timestamp_micros(data: bytes, epoch: datetime) -> datetime:
     micros = _INT64.unpack(data)[0]
     if micros in _INFINITIES_64:
@@ -142,15 +138,28 @@ def _decode_timestamptz_text(text: str) -> datetime:
     return parsed.astimezone(timezone.utc)
 
 
+def _encode_timestamptz_text(value: datetime) -> bytes:
+    if type(value) is datetime and value.tzinfo is timezone.utc:  # hot path: isoformat is C
+        text = value.isoformat(" ")[:-6]  # drop "+00:00"
+        return ((text.rstrip("0") if value.microsecond else text) + "+00").encode("ascii")
+    return (_format_timestamp(_as_utc_naive(value)) + "+00").encode("ascii")
+
+
+def _encode_timestamp_binary(value: datetime) -> bytes:
+    # Datetime subtraction is C and honours any UTC offset of an aware value.
+    epoch = _EPOCH_NAIVE if value.tzinfo is None else _EPOCH_UTC
+    return _INT64.pack((value - epoch) // _ONE_MICROSECOND)
+
+
 TIMESTAMP = TypeCodec(
     encode_text=lambda value: _format_timestamp(_as_utc_naive(value)).encode("ascii"),
-    encode_binary=lambda value: _INT64.pack(_timestamp_micros(_as_utc_naive(value))),
+    encode_binary=_encode_timestamp_binary,
     decode_text=_decode_timestamp_text,
     decode_binary=lambda data: _decode_timestamp_micros(data, _EPOCH_NAIVE),
 )
 TIMESTAMPTZ = TypeCodec(
-    encode_text=lambda value: (_format_timestamp(_as_utc_naive(value)) + "+00").encode("ascii"),
-    encode_binary=lambda value: _INT64.pack(_timestamp_micros(_as_utc_naive(value))),
+    encode_text=_encode_timestamptz_text,
+    encode_binary=_encode_timestamp_binary,
     decode_text=_decode_timestamptz_text,
     decode_binary=lambda data: _decode_timestamp_micros(data, _EPOCH_UTC),
 )
@@ -192,12 +201,11 @@ def _decode_interval_binary(data: bytes) -> timedelta:
         raise OutOfRange("interval out of range") from None
 
 
-_DAY_US = _US_PER_DAY
 _UNIT_MICROS = {  # exact integers: amounts are multiplied as Decimals, so large intervals stay exact
     "microsecond": 1, "millisecond": 1000, "second": _US_PER_SECOND, "minute": 60 * _US_PER_SECOND,
-    "hour": 3600 * _US_PER_SECOND, "day": _DAY_US, "week": 7 * _DAY_US, "month": 30 * _DAY_US,
-    "year": 360 * _DAY_US, "decade": 3600 * _DAY_US, "century": 36_000 * _DAY_US,
-    "millennium": 360_000 * _DAY_US,
+    "hour": 3600 * _US_PER_SECOND, "day": _US_PER_DAY, "week": 7 * _US_PER_DAY, "month": 30 * _US_PER_DAY,
+    "year": 360 * _US_PER_DAY, "decade": 3600 * _US_PER_DAY, "century": 36_000 * _US_PER_DAY,
+    "millennium": 360_000 * _US_PER_DAY,
 }
 _UNIT_ALIASES = {
     "us": "microsecond", "usec": "microsecond", "usecs": "microsecond", "microseconds": "microsecond",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import threading
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -42,13 +43,14 @@ def test_frames_round_trip_both_ways() -> None:
     async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, other: socket.socket) -> None:
         blocking = FrameSocket(other)
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, blocking.send_many, messages)
+        sending = loop.run_in_executor(None, blocking.send_many, messages)  # larger than the socket buffer
         assert [await read_frame(reader) for _ in messages] == messages
+        await sending
+        receiving = loop.run_in_executor(None, lambda: [blocking.recv() for _ in messages])
         write_frame(writer, messages[0])
         write_frames(writer, messages[1:])
         await writer.drain()
-        received = [await loop.run_in_executor(None, blocking.recv) for _ in messages]
-        assert received == messages
+        assert await receiving == messages
         other.shutdown(socket.SHUT_WR)
         assert await read_frame(reader) is None  # clean EOF between frames
 
@@ -89,7 +91,7 @@ def test_oversized_frames_are_refused_on_read() -> None:
 def test_oversized_frames_are_refused_on_write(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transport, "MAX_FRAME_BYTES", 100)
     encode_frame({"v": "x" * 80})
-    with pytest.raises(FrameTooLarge, match="frame of 110 bytes exceeds the 100 byte limit"):
+    with pytest.raises(FrameTooLarge, match="frame of 108 bytes exceeds the 100 byte limit"):
         encode_frame({"v": "x" * 100})
 
 
@@ -114,7 +116,6 @@ def test_many_small_frames_split_across_reads_arrive_intact() -> None:
         for start in range(0, len(wire), 7_001):  # boundaries fall inside headers and payloads
             right.sendall(wire[start:start + 7_001])
 
-    import threading
     writer = threading.Thread(target=trickle)
     writer.start()
     assert [blocking.recv() for _ in frames] == frames

@@ -10,7 +10,11 @@ back), so only that batch fails. A failed fsync is different: Linux reports a wr
 and may drop the dirty pages, so the page cache can show bytes that are not on disk. Appending and
 syncing more records to the same file could then acknowledge records that sit after a hole, and
 recovery after a crash would cut them off at the hole. So after an fsync error the committer
-refuses every later append (ServiceUnavailable) until the log is reopened, which runs recovery.
+refuses every later append (ServiceUnavailable: senders retry, and idempotency keys absorb the
+duplicates) until the log is reopened with a new SegmentedLog and GroupCommitter, which runs
+recovery. Reopening is a deliberate act (a restart, or DROP/CREATE of the ingestor): recovery
+validates what the files read back as, which is the best knowledge available once the disk is
+trusted again.
 """
 
 from __future__ import annotations

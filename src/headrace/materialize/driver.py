@@ -46,7 +46,7 @@ from headrace.materialize.protocol import (
     from_wire,
     to_wire,
 )
-from headrace.materialize.transport import read_frame, write_frame, write_frames
+from headrace.materialize.transport import FrameReader, write_frame, write_frames
 
 logger = logging.getLogger(__name__)
 
@@ -108,12 +108,16 @@ class _DriverSession:
         self._failed = False
 
     async def run(self) -> None:
+        frames = FrameReader(self._reader)
         try:
             while not self._failed:
-                frame = await read_frame(self._reader)
-                if frame is None:
+                burst = await frames.read_frames()
+                if burst is None:
                     break  # the runtime hung up; an open transaction is abandoned below
-                await self._dispatch(from_wire(frame))
+                for frame in burst:
+                    if self._failed:
+                        break
+                    await self._dispatch(from_wire(frame))
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             logger.info("runtime connection lost: %s", exc)
         except Exception as exc:
@@ -125,9 +129,10 @@ class _DriverSession:
         if isinstance(request, (Opened, Acknowledged, Loaded, Flushed, StartedCommit, ErrorResponse)):
             raise ProtocolOrderError(f"runtime sent a response ({type(request).__name__}) instead of a request")
         self._lifecycle.on_request(request)
-        if isinstance(request, Load):
+        kind = type(request)
+        if kind is Load:  # staged until Flush: never evaluated before the previous commit is acknowledged
             self._staged_loads.append(request)
-        elif isinstance(request, Store):
+        elif kind is Store:
             self._staged_stores.append(request)
             if len(self._staged_stores) >= STORE_BATCH:
                 await self._hand_over_stores()

@@ -265,7 +265,11 @@ def key_identity(binding: int, key: list[Any]) -> Hashable:
     """A hashable identity of (binding, key) that, like Flow's packed keys, tells 1, 1.0 and true apart.
 
     Keys of str/int components (the common case) map to a plain tuple; others to canonical JSON text."""
-    if all(type(part) is str or type(part) is int for part in key):
+    if len(key) == 1:  # the hot path: one string or integer key, checked without a generator
+        part = key[0]
+        if type(part) is str or type(part) is int:
+            return (binding, part)
+    elif all(type(part) is str or type(part) is int for part in key):
         return (binding, *key)
     return (binding, _JSON_KEY, json.dumps(key, sort_keys=True, separators=(",", ":")))
 
@@ -276,7 +280,8 @@ def apply_state_update(state: dict[str, Any], update: StateUpdate | None) -> dic
         return state
     if not update.merge_patch:
         return dict(update.updated)
-    return _merge_patch(state, update.updated)
+    merged: dict[str, Any] = _merge_patch(state, update.updated)  # a dict patch always yields a dict
+    return merged
 
 
 def _merge_patch(target: Any, patch: Any) -> Any:

@@ -38,7 +38,7 @@ def encode_frame(message: dict[str, Any]) -> bytes:
 
 def decode_payload(payload: bytes | bytearray | memoryview) -> dict[str, Any]:
     try:
-        message = json.loads(bytes(payload))
+        message = json.loads(str(payload, "utf-8"))  # str, not bytes: skips json's encoding sniffing
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolViolation(f"frame is not UTF-8 JSON: {exc}") from exc
     if not isinstance(message, dict):
@@ -65,6 +65,45 @@ async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
     except asyncio.IncompleteReadError as exc:
         raise ConnectionError(f"connection closed inside a {length} byte frame") from exc
     return decode_payload(payload)
+
+
+class FrameReader:
+    """Reads frames from an asyncio stream in bursts: one await per socket read, not two per frame.
+
+    Use either a FrameReader or read_frame on a given stream, never both (this one buffers ahead)."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self._buffer = bytearray()
+
+    async def read_frames(self) -> list[dict[str, Any]] | None:
+        """All complete frames buffered so far (at least one), or None at a clean EOF."""
+        while True:
+            frames = self._take_complete_frames()
+            if frames:
+                return frames
+            chunk = await self._reader.read(_RECV_CHUNK)
+            if not chunk:
+                if self._buffer:
+                    raise ConnectionError(f"connection closed inside a frame ({len(self._buffer)} bytes buffered)")
+                return None
+            self._buffer += chunk
+
+    def _take_complete_frames(self) -> list[dict[str, Any]]:
+        buffer, offset, frames = self._buffer, 0, []
+        while len(buffer) - offset >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(buffer, offset)
+            if length > MAX_FRAME_BYTES:
+                raise _too_large(length)
+            end = offset + _HEADER.size + length
+            if end > len(buffer):
+                break
+            with memoryview(buffer) as view:
+                frames.append(decode_payload(view[offset + _HEADER.size:end]))
+            offset = end
+        if offset:
+            del buffer[:offset]
+        return frames
 
 
 def write_frame(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from headrace.errors import FeatureNotSupported
+from headrace.errors import DataError, FeatureNotSupported
 from headrace.materialize.protocol import (
     Acknowledged,
     Binding,
@@ -109,9 +109,33 @@ class _BindingPlan:
 
 
 def _arrow_array(column: _Column, values: list[Any]) -> pa.Array:
+    try:
+        return _convert(column, values)
+    except _CONVERSION_ERRORS as exc:
+        culprit = next((v for v in values if not _converts(column, v)), "?")
+        raise DataError(f"column {column.name!r} ({column.duckdb_type}) cannot hold {culprit!r}: {exc}",
+                        hint=_EXPECTED[column.duckdb_type]) from exc
+
+
+_CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
+_EXPECTED = {"VARCHAR": "expected a string", "JSON": "expected any JSON value",
+             "TIMESTAMPTZ": "expected integer microseconds since the epoch (UTC)", "BIGINT": "expected an integer",
+             "INTEGER": "expected a 32-bit integer", "DOUBLE": "expected a number", "BOOLEAN": "expected a boolean"}
+
+
+def _convert(column: _Column, values: list[Any]) -> pa.Array:
     if column.to_arrow is not None:
         values = [column.to_arrow(v) for v in values]
     return pa.array(values, type=column.arrow_type)
+
+
+def _converts(column: _Column, value: Any) -> bool:
+    """Whether one value converts on its own (to name the culprit in an error)."""
+    try:
+        _convert(column, [value])
+    except _CONVERSION_ERRORS:
+        return False
+    return True
 
 
 class ServingTransactor:
@@ -152,11 +176,12 @@ class ServingTransactor:
             f"SELECT key_begin, key_end, fence, checkpoint FROM {CHECKPOINTS_TABLE} "
             "WHERE materialization = ? AND key_begin <= ? AND key_end >= ? "
             "ORDER BY key_end - key_begin LIMIT 1", [self._name, begin, end]).fetchone()
+        checkpoint: str | None = None if covering is None else covering[3]
         if covering is not None and (covering[0], covering[1]) == (begin, end):
-            self._fence = covering[2]
-            return covering[3]
+            self._fence = int(covering[2])
+            return checkpoint
         # A new range inherits the covering parent's (bumped) fence and checkpoint; a new materialization starts.
-        self._fence, checkpoint = (covering[2], covering[3]) if covering is not None else (1, None)
+        self._fence = 1 if covering is None else int(covering[2])
         cursor.execute(f"INSERT INTO {CHECKPOINTS_TABLE} VALUES (?, ?, ?, ?, ?)",
                        [self._name, begin, end, self._fence, checkpoint])
         return checkpoint

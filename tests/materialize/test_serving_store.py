@@ -1,0 +1,104 @@
+"""ServingStore: schemas, the checkpoints table, and idempotent table creation per binding."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from headrace.errors import FeatureNotSupported, InternalError
+from headrace.materialize.protocol import Binding
+from headrace.store.serving import ServingStore
+
+from .conftest import webhook_binding
+
+
+def test_a_new_database_has_schemas_and_the_checkpoints_table(tmp_path: Path) -> None:
+    store = ServingStore(tmp_path / "s.duckdb")
+    cursor = store.cursor()
+    schemas = {r[0] for r in cursor.execute("SELECT schema_name FROM information_schema.schemata").fetchall()}
+    assert {"public", "headrace_internal"} <= schemas
+    cursor.execute("INSERT INTO headrace_internal.checkpoints VALUES ('m', 0, 10, 1, NULL)")
+    with pytest.raises(duckdb.ConstraintException):
+        cursor.execute("INSERT INTO headrace_internal.checkpoints VALUES ('m', 0, 10, 2, NULL)")
+    cursor.close()
+    store.close()
+    reopened = ServingStore(tmp_path / "s.duckdb")  # creating again is harmless and keeps the rows
+    assert reopened.cursor().execute("SELECT fence FROM headrace_internal.checkpoints").fetchall() == [(1,)]
+    reopened.close()
+
+
+def test_cursors_resolve_unqualified_names_in_public(serving_store: ServingStore) -> None:
+    serving_store.apply(Binding(("greetings",), ("id",), ("text",), {"id": "BIGINT", "text": "VARCHAR"}))
+    cursor = serving_store.cursor()
+    cursor.execute("INSERT INTO public.greetings VALUES (1, 'hi')")
+    assert cursor.execute("SELECT text FROM greetings").fetchall() == [("hi",)]
+
+
+def test_apply_creates_a_keyed_table_once(serving_store: ServingStore) -> None:
+    binding = webhook_binding()
+    serving_store.apply(binding)
+    serving_store.apply(binding)  # idempotent
+    cursor = serving_store.cursor()
+    columns = cursor.execute(
+        "SELECT column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = 'headrace_internal' AND table_name = 'source_u1' ORDER BY ordinal_position").fetchall()
+    assert columns == [("idempotency_key", "VARCHAR"), ("body", "JSON"),
+                       ("received_at", "TIMESTAMP WITH TIME ZONE")]
+    cursor.execute("INSERT INTO headrace_internal.source_u1 VALUES ('a', '{}', now())")
+    with pytest.raises(duckdb.ConstraintException):
+        cursor.execute("INSERT INTO headrace_internal.source_u1 VALUES ('a', '[]', now())")
+
+
+def test_delta_updates_tables_have_no_primary_key(serving_store: ServingStore) -> None:
+    serving_store.apply(webhook_binding("deltas", delta_updates=True))
+    cursor = serving_store.cursor()
+    cursor.execute("INSERT INTO headrace_internal.deltas VALUES ('a', '1', now()), ('a', '2', now())")
+    assert cursor.execute("SELECT count(*) FROM headrace_internal.deltas").fetchone() == (2,)
+
+
+def test_apply_refuses_a_table_with_other_columns(serving_store: ServingStore) -> None:
+    serving_store.apply(webhook_binding())
+    changed = Binding(("headrace_internal", "source_u1"), ("idempotency_key",), ("body",),
+                      {"idempotency_key": "VARCHAR", "body": "JSON"})
+    with pytest.raises(InternalError, match="exists with columns .* the binding expects"):
+        serving_store.apply(changed)
+
+
+def test_apply_refuses_unknown_types_and_untyped_columns(serving_store: ServingStore) -> None:
+    with pytest.raises(FeatureNotSupported, match="column type BLOB"):
+        serving_store.apply(Binding(("t",), ("k",), (), {"k": "BLOB"}))
+    with pytest.raises(InternalError, match="no type for columns"):
+        serving_store.apply(Binding(("t",), ("k",), ("v",), {"k": "VARCHAR"}))
+
+
+def test_drop_removes_the_table(serving_store: ServingStore) -> None:
+    serving_store.apply(webhook_binding())
+    serving_store.drop(("headrace_internal", "source_u1"))
+    serving_store.drop(("headrace_internal", "source_u1"))  # absent: fine
+    with pytest.raises(duckdb.CatalogException):
+        serving_store.cursor().execute("SELECT * FROM headrace_internal.source_u1")
+
+
+def test_cursors_work_from_many_threads(serving_store: ServingStore) -> None:
+    serving_store.apply(Binding(("counts",), ("id",), (), {"id": "BIGINT"}))
+    errors: list[BaseException] = []
+
+    def insert(base: int) -> None:
+        try:
+            cursor = serving_store.cursor()
+            for i in range(50):
+                cursor.execute("INSERT INTO counts VALUES (?)", [base + i])
+            cursor.close()
+        except BaseException as exc:  # collected: an assertion in a thread would be lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=insert, args=(n * 1000,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert serving_store.cursor().execute("SELECT count(*) FROM counts").fetchone() == (200,)

@@ -15,6 +15,7 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest
 
 bench: $(STAMP)
+	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)
 	$(VENV)/bin/python bench/ingest_freshness.py
 
 clean:

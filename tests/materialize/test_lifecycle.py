@@ -269,11 +269,14 @@ ALPHABET: list[Event] = [
 ]
 
 
+def count(kind: type, msgs: list[Any]) -> int:
+    return sum(1 for m in msgs if type(m) is kind)
+
+
 def reference_legal(history: list[Event], event: Event) -> bool:
     requests = [m for side, m in history if side == "request"]
     responses = [m for side, m in history if side == "response"]
     side, msg = event
-    count = lambda kind, msgs: sum(1 for m in msgs if type(m) is kind)  # noqa: E731
     if side == "request":
         tokens = "".join(TOKENS[type(m)] for m in requests + [msg])
         if not REQUEST_PREFIX.fullmatch(tokens):

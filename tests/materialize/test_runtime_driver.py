@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -17,9 +18,11 @@ from headrace.materialize.protocol import (
     Load,
     MaterializationError,
     MaterializationSpec,
+    Open,
     Request,
     StartCommit,
     Store,
+    to_wire,
 )
 from headrace.materialize.runtime import RpcDriverConnection, Runtime
 from headrace.materialize.transport import FrameSocket
@@ -246,19 +249,16 @@ def test_a_failing_store_is_a_driver_error_and_commits_nothing(server: DriverSer
       {"type": "Load", "binding": 0, "key": ["a"]}], r"key \['a'\] sent twice"),
 ])
 def test_the_driver_rejects_out_of_order_requests(server: DriverServer, script: list[Any], problem: str) -> None:
-    from headrace.materialize.protocol import Open, to_wire
-
     open_wire = to_wire(Open(webhook_spec(), 0, 0xFFFFFFFF, {}))
     with FrameSocket.connect(server.host, server.port, timeout=5, io_timeout=10) as sock:
         sock.send_many([open_wire if step == "OPEN" else step for step in script])
-        responses = []
+        responses: list[dict[str, Any]] = []
         while not responses or responses[-1]["type"] != "Error":
             responses.append(sock.recv())
         with pytest.raises(ConnectionError):  # the driver closes after an Error
             sock.recv()
     assert responses[-1]["type"] == "Error"
     assert responses[-1]["fenced_off"] is False
-    import re
     assert re.search(problem, responses[-1]["message"]), responses[-1]["message"]
 
 

@@ -7,12 +7,14 @@ import socket
 import struct
 import threading
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from headrace.errors import ProtocolViolation
 from headrace.materialize import transport
 from headrace.materialize.transport import (
+    FrameReader,
     FrameSocket,
     FrameTooLarge,
     encode_frame,
@@ -38,7 +40,7 @@ def run_with_stream_peer(peer: Callable[[asyncio.StreamReader, asyncio.StreamWri
 
 
 def test_frames_round_trip_both_ways() -> None:
-    messages = [{"type": "Load", "key": ["ü", 1]}, {"type": "Flush"}, {"big": "x" * 300_000}]
+    messages: list[dict[str, Any]] = [{"type": "Load", "key": ["ü", 1]}, {"type": "Flush"}, {"big": "x" * 300_000}]
 
     async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, other: socket.socket) -> None:
         blocking = FrameSocket(other)
@@ -143,3 +145,44 @@ def test_connect_reaches_a_listening_server() -> None:
         with FrameSocket(server_side) as server:
             assert server.recv() == {"hello": "driver"}
     listener.close()
+
+
+def test_frame_reader_returns_bursts_and_reassembles_split_frames() -> None:
+    frames = [{"i": i} for i in range(1000)]
+    wire = b"".join(encode_frame(f) for f in frames)
+
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, other: socket.socket) -> None:
+        bursts = FrameReader(reader)
+        other.sendall(wire[:4001])  # ends inside a frame
+        first = await bursts.read_frames()
+        assert first is not None and first == frames[:len(first)] and len(first) > 1
+        other.sendall(wire[4001:])
+        received = list(first)
+        while len(received) < len(frames):
+            burst = await bursts.read_frames()
+            assert burst is not None
+            received.extend(burst)
+        assert received == frames
+        other.sendall(encode_frame({"last": True})[:6])
+        other.shutdown(socket.SHUT_WR)
+        with pytest.raises(ConnectionError, match="closed inside a frame"):
+            await bursts.read_frames()
+
+    run_with_stream_peer(peer)
+
+
+def test_frame_reader_sees_clean_eof_and_refuses_oversized_frames() -> None:
+    async def clean(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, other: socket.socket) -> None:
+        other.sendall(encode_frame({"n": 1}))
+        other.shutdown(socket.SHUT_WR)
+        bursts = FrameReader(reader)
+        assert await bursts.read_frames() == [{"n": 1}]
+        assert await bursts.read_frames() is None
+
+    async def oversized(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, other: socket.socket) -> None:
+        other.sendall(struct.pack(">I", transport.MAX_FRAME_BYTES + 1))
+        with pytest.raises(FrameTooLarge):
+            await FrameReader(reader).read_frames()
+
+    run_with_stream_peer(clean)
+    run_with_stream_peer(oversized)

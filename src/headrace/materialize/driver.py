@@ -111,15 +111,17 @@ class _DriverSession:
         frames = FrameReader(self._reader)
         try:
             while not self._failed:
-                burst = await frames.read_frames()
+                try:
+                    burst = await frames.read_frames()
+                except ConnectionError as exc:  # only the runtime's side going away; driver errors go below
+                    logger.info("runtime connection lost: %s", exc)
+                    break
                 if burst is None:
                     break  # the runtime hung up; an open transaction is abandoned below
                 for frame in burst:
                     if self._failed:
                         break
                     await self._dispatch(from_wire(frame))
-        except (ConnectionError, asyncio.IncompleteReadError) as exc:
-            logger.info("runtime connection lost: %s", exc)
         except Exception as exc:
             await self._fail(exc)
         finally:

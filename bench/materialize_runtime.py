@@ -4,6 +4,7 @@ Each case is one transaction of N webhook-like documents: first with fresh keys 
 INSERT), then the same keys again (every key Loaded, DELETE + INSERT). The driver server runs in a child process
 that owns the DuckDB file (as the headrace server does); the runtime talks to it over 127.0.0.1 from this process,
 as a Spark worker would. Timing covers the whole transact() call: combine, Load, Flush, Store, commit.
+Wall time on a shared machine is noisy: the CPU columns (this process, the driver process) are steadier.
 
     .venv/bin/python bench/materialize_runtime.py [--sizes 10000 100000] [--repeat 3]
 """
@@ -14,6 +15,7 @@ import argparse
 import asyncio
 import tempfile
 import multiprocessing
+import os
 import time
 from pathlib import Path
 
@@ -57,6 +59,14 @@ class DriverProcess:
         self.process.start()
         self.port: int = ports.get(timeout=60)
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the driver process so far (Linux /proc; NaN elsewhere)."""
+        try:
+            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.process.terminate()
         self.process.join(10)
@@ -70,11 +80,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         driver = DriverProcess(Path(tmp) / "bench.duckdb")
         port = driver.port
-        print(f"{'docs':>8} {'case':<22} {'best s':>8} {'docs/s':>10}")
+        print(f"{'docs':>8} {'case':<22} {'best s':>8} {'docs/s':>10} {'runtime CPU s':>14} {'driver CPU s':>13}")
         batch_id = 0
         for size in args.sizes:
             for case, generation in (("insert (new keys)", 0), ("update (keys exist)", 1)):
-                timings = []
+                timings: list[tuple[float, float, float]] = []  # wall, runtime CPU, driver CPU
                 for attempt in range(args.repeat):
                     runtime = Runtime(RpcDriverConnection("127.0.0.1", port), SPEC)
                     runtime.open()
@@ -83,13 +93,15 @@ def main() -> None:
                         runtime.transact(documents(size, 0), {"batch_id": batch_id})
                         batch_id += 1
                     docs = documents(size, generation + attempt, prefix)
-                    started = time.perf_counter()
+                    started, cpu, driver_cpu = time.perf_counter(), time.process_time(), driver.cpu_seconds()
                     runtime.transact(docs, {"batch_id": batch_id})
-                    timings.append(time.perf_counter() - started)
+                    timings.append((time.perf_counter() - started, time.process_time() - cpu,
+                                    driver.cpu_seconds() - driver_cpu))
                     batch_id += 1
                     runtime.close()
-                best = min(timings)
-                print(f"{size:>8} {case:<22} {best:>8.3f} {size / best:>10,.0f}", flush=True)
+                wall, runtime_cpu, driver_cpu = min(timings)
+                print(f"{size:>8} {case:<22} {wall:>8.3f} {size / wall:>10,.0f} {runtime_cpu:>14.2f} "
+                      f"{driver_cpu:>13.2f}", flush=True)
         driver.stop()
 
 

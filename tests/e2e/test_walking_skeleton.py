@@ -71,3 +71,44 @@ def test_exactly_once_across_kill_9(tmp_path: Path) -> None:
         assert count(process) == 150
     finally:
         process.stop()
+
+
+def test_kill_9_mid_ingest_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """kill -9 while requests are in flight and the pipeline is materializing: every request that
+    was answered 200 is in the source after restart, and no key is there twice."""
+    process = HeadraceProcess(tmp_path / "data")
+    process.start()
+    acknowledged: set[int] = set()
+    try:
+        with psycopg.connect(process.dsn, autocommit=True) as conn:
+            conn.execute("CREATE SOURCE s FROM WEBHOOK BODY FORMAT JSON IDEMPOTENT (body->>'id')")
+        wait_for(lambda: "started s" in process.pipeline_log(), timeout=90, message="pipeline query started")
+
+        async def send_until_killed() -> None:
+            async with aiohttp.ClientSession() as http:
+                async def post(key: int) -> None:
+                    await asyncio.sleep(key * 0.004)
+                    try:
+                        async with http.post(process.webhook_url("s"), data=json.dumps({"id": key})) as response:
+                            if response.status == 200:
+                                acknowledged.add(key)
+                    except aiohttp.ClientError:
+                        pass  # the server died under this request: it was never acknowledged
+
+                async def killer() -> None:
+                    while len(acknowledged) < 300:
+                        await asyncio.sleep(0.01)
+                    process.kill9()
+
+                await asyncio.gather(killer(), *(post(key) for key in range(1000)))
+
+        asyncio.run(send_until_killed())
+        assert 300 <= len(acknowledged) < 1000
+        process.start()
+        wait_for(lambda: count(process) >= len(acknowledged), timeout=120, message="acknowledged keys visible")
+        with psycopg.connect(process.dsn, autocommit=True) as conn:
+            keys = [int(row[0]) for row in conn.execute("SELECT idempotency_key FROM s").fetchall()]
+        assert len(keys) == len(set(keys)), "a key was materialized twice"
+        assert acknowledged <= set(keys), f"lost acknowledged keys: {sorted(acknowledged - set(keys))[:10]}"
+    finally:
+        process.stop()

@@ -69,6 +69,14 @@ def test_exactly_once_across_kill_9(tmp_path: Path) -> None:
             assert keys == 150
         # nothing arrived twice, nothing lost: still 150 once the pipeline is idle
         assert count(process) == 150
+
+        # a clean shutdown (SIGTERM) exits 0, and the next start resumes every object and all data
+        process.stop()
+        assert process.process is not None and process.process.returncode == 0, process.output()[-2000:]
+        process.start()
+        assert count(process) == 150
+        with psycopg.connect(process.dsn, autocommit=True) as conn:
+            assert ("s", "webhook") in conn.execute("SHOW SOURCES").fetchall()
     finally:
         process.stop()
 

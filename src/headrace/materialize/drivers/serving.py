@@ -5,7 +5,8 @@ runtime checkpoint and a fence. `open` bumps the fence in its own transaction (f
 of an overlapping range) and returns the stored checkpoint, so the store, not the runtime's log, says where to
 resume. `start_commit` applies all staged Stores and writes the checkpoint in ONE DuckDB transaction whose last
 statement updates the checkpoint only where the fence is still ours: zero rows updated means a newer runtime
-opened meanwhile, so the transaction rolls back and FencedOff is raised. Data and checkpoint are therefore
+opened meanwhile, so the transaction rolls back and FencedOff is raised. Within it, Stores with `delete` are
+deleted, new keys inserted and existing keys (exists=True) upserted in place, one statement each per binding. Data and checkpoint are therefore
 durable together when StartedCommit is sent, and a zombie runtime can never commit.
 
 Documents live as columns: the binding's key and value columns (JSON as text, TIMESTAMPTZ from/to integer
@@ -92,6 +93,7 @@ class _BindingPlan:
                          f"FROM {self.table} AS t JOIN {_KEYS} AS k ON {key_match}")
         self.delete_sql = f"DELETE FROM {self.table} AS t USING {_KEYS} AS k WHERE {key_match}"
         self.insert_sql = f"INSERT INTO {self.table} ({column_list}) SELECT {column_list} FROM {_STAGED}"
+        self.upsert_sql = f"INSERT OR REPLACE INTO {self.table} ({column_list}) SELECT {column_list} FROM {_STAGED}"
         self.columns = columns
 
     def keys_table(self, keys: list[list[Any]]) -> pa.Table:
@@ -237,19 +239,30 @@ class ServingTransactor:
         return StartedCommit(state=None)
 
     def _apply_stores(self, cursor: duckdb.DuckDBPyConnection, plan: _BindingPlan, stores: list[Store]) -> None:
-        if not plan.binding.delta_updates:
-            replaced = [s.key for s in stores if s.exists or s.delete]
-            if replaced:
-                cursor.register(_KEYS, plan.keys_table(replaced))
-                try:
-                    cursor.execute(plan.delete_sql)
-                finally:
-                    cursor.unregister(_KEYS)
-        inserted = [s for s in stores if not s.delete]
-        if inserted:
-            cursor.register(_STAGED, plan.rows_table(inserted))
+        """Deletions, then new rows by plain INSERT, then existing rows by INSERT OR REPLACE (an in-place update).
+
+        Not DELETE + INSERT for updates: in DuckDB 1.4 deleting 100k keyed rows from a 400k-row table took
+        3.9 s, the in-place upsert 0.1 s. A plain INSERT for new keys keeps a PRIMARY KEY violation loud if a
+        row exists that Load did not see (that would mean a second writer)."""
+        if plan.binding.delta_updates:
+            self._insert(cursor, plan.insert_sql, plan, stores)
+            return
+        deleted = [s.key for s in stores if s.delete]
+        if deleted:
+            cursor.register(_KEYS, plan.keys_table(deleted))
             try:
-                cursor.execute(plan.insert_sql)
+                cursor.execute(plan.delete_sql)
+            finally:
+                cursor.unregister(_KEYS)
+        self._insert(cursor, plan.insert_sql, plan, [s for s in stores if not s.delete and not s.exists])
+        self._insert(cursor, plan.upsert_sql, plan, [s for s in stores if not s.delete and s.exists])
+
+    @staticmethod
+    def _insert(cursor: duckdb.DuckDBPyConnection, sql: str, plan: _BindingPlan, stores: list[Store]) -> None:
+        if stores:
+            cursor.register(_STAGED, plan.rows_table(stores))
+            try:
+                cursor.execute(sql)
             finally:
                 cursor.unregister(_STAGED)
 

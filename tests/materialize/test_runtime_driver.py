@@ -280,3 +280,45 @@ def test_splitting_a_range_fences_off_the_parent_and_inherits_its_checkpoint(ser
         (0, 0x7FFFFFFF, 2), (0, 0xFFFFFFFF, 3), (0x80000000, 0xFFFFFFFF, 3)]
     child.close()
     sibling.close()
+
+
+def test_a_driver_failing_while_stores_stream_in_reports_its_error(server: DriverServer) -> None:
+    runtime = server.runtime(webhook_spec())
+    runtime.open()
+    documents = [(0, [f"k{i}"], webhook_doc(f"k{i}", i)) for i in range(STORE_BATCH * 4)]
+    documents[0] = (0, ["k0"], {**webhook_doc("k0", 0), "received_at": "soon"})  # fails the first hand-over
+    with pytest.raises(DriverError, match="column 'received_at' \\(TIMESTAMPTZ\\) cannot hold 'soon'"):
+        runtime.transact(documents, {"n": 1})
+    assert rows(server.store) == []
+
+
+def test_materializations_commit_concurrently_into_one_store(server: DriverServer) -> None:
+    errors: list[BaseException] = []
+
+    def materialize(name: str) -> None:
+        try:
+            runtime = server.runtime(webhook_spec(name))
+            runtime.open()
+            for batch_id in range(5):
+                runtime.transact([(0, [f"{name}-{batch_id}-{i}"], webhook_doc("x", i)) for i in range(500)],
+                                 {"batch_id": batch_id})
+            runtime.close()
+        except BaseException as exc:  # collected: an assertion in a thread would be lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=materialize, args=(f"source_u{n}",)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    for n in range(3):
+        assert len(rows(server.store, f"source_u{n}")) == 2500
+        assert server.runtime(webhook_spec(f"source_u{n}")).open() == {"batch_id": 4}
+
+
+def test_a_spec_the_driver_cannot_serve_fails_open(server: DriverServer) -> None:
+    spec = MaterializationSpec("bad", (Binding(("bad",), ("k",), ("v",), {"k": "VARCHAR", "v": "BLOB"}),))
+    runtime = server.runtime(spec)
+    with pytest.raises(DriverError, match="column type BLOB of 'v' is not supported"):
+        runtime.open()

@@ -12,8 +12,8 @@ loop for every driver:
     then Loaded..., Flushed;
   * Stores are handed over in batches; StartCommit -> transactor.start_commit -> StartedCommit.
 Blocking transactor methods run in `executor`, one at a time per connection, so DuckDB work never blocks the
-event loop. Any exception sends {"type": "Error", "message": ...} and closes the connection; the transactor is
-closed (rolling back anything uncommitted) whenever the connection ends.
+event loop. Any exception sends {"type": "Error", "message": ...} and ends the connection (after letting the
+runtime read it); the transactor is closed (rolling back anything uncommitted) whenever the connection ends.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 STORE_BATCH = 4096  # Stores handed to the transactor at once
 WRITE_BATCH = 2048  # Loaded responses per write before awaiting drain (back-pressure)
+LINGER_SECONDS = 5.0  # after an Error, how long to wait for the runtime to read it and hang up
+_DISCARD_CHUNK = 256 * 1024
 _T = TypeVar("_T")
 
 
@@ -115,9 +117,9 @@ class _DriverSession:
                     burst = await frames.read_frames()
                 except ConnectionError as exc:  # only the runtime's side going away; driver errors go below
                     logger.info("runtime connection lost: %s", exc)
-                    break
+                    return
                 if burst is None:
-                    break  # the runtime hung up; an open transaction is abandoned below
+                    return  # the runtime hung up; an open transaction is abandoned by _shut_down
                 for frame in burst:
                     if self._failed:
                         break
@@ -125,6 +127,8 @@ class _DriverSession:
         except Exception as exc:
             await self._fail(exc)
         finally:
+            if self._failed:
+                await self._linger()
             await self._shut_down()
 
     async def _dispatch(self, request: Any) -> None:
@@ -195,7 +199,7 @@ class _DriverSession:
         return self._transactor
 
     async def _fail(self, exc: BaseException) -> None:
-        """Tell the runtime why, once, then close: the protocol state is unknown after an error."""
+        """Tell the runtime why, once, then stop writing: the protocol state is unknown after an error."""
         if self._failed:
             return
         self._failed = True
@@ -204,7 +208,16 @@ class _DriverSession:
         with suppress(ConnectionError, RuntimeError):
             write_frame(self._writer, to_wire(ErrorResponse(message, fenced_off=isinstance(exc, FencedOff))))
             await self._writer.drain()
-        self._writer.close()
+            if self._writer.can_write_eof():
+                self._writer.write_eof()
+
+    async def _linger(self) -> None:
+        """After an Error, discard what the runtime still sends until it hangs up (bounded). Closing a socket
+        with unread data resets the connection, which can destroy the Error before the runtime reads it."""
+        with suppress(ConnectionError, TimeoutError):
+            async with asyncio.timeout(LINGER_SECONDS):
+                while await self._reader.read(_DISCARD_CHUNK):
+                    pass
 
     async def _shut_down(self) -> None:
         if self._acknowledging is not None and not self._acknowledging.done():

@@ -81,6 +81,10 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _driver_error(response: ErrorResponse) -> DriverError:
+    return (FencedOff if response.fenced_off else DriverError)(response.message)
+
+
 class DriverConnection(Protocol):
     """A bidirectional message stream to one driver. Blocking; used by one thread at a time."""
 
@@ -245,12 +249,23 @@ class Runtime:
     def _send(self, msgs: list[Request]) -> None:
         for msg in msgs:  # checked before anything reaches the wire
             self._lifecycle.on_request(msg)
-        self._driver.send(msgs)
+        try:
+            self._driver.send(msgs)
+        except ConnectionError as exc:
+            raise self._reason_for_lost_connection(exc) from exc
+
+    def _reason_for_lost_connection(self, exc: ConnectionError) -> BaseException:
+        """A failing driver sends Error and hangs up; if that is why sending failed, its Error is the cause."""
+        try:
+            response = self._driver.recv()
+        except Exception:
+            return exc
+        return _driver_error(response) if isinstance(response, ErrorResponse) else exc
 
     def _recv(self) -> Response:
         response = self._driver.recv()
         if isinstance(response, ErrorResponse):
-            raise (FencedOff if response.fenced_off else DriverError)(response.message)
+            raise _driver_error(response)
         self._lifecycle.on_response(response)
         if isinstance(response, (Acknowledged, Flushed, StartedCommit)):
             self.driver_state = apply_state_update(self.driver_state, response.state)

@@ -300,8 +300,8 @@ def test_materializations_commit_concurrently_into_one_store(server: DriverServe
             runtime = server.runtime(webhook_spec(name))
             runtime.open()
             for batch_id in range(5):
-                runtime.transact([(0, [f"{name}-{batch_id}-{i}"], webhook_doc("x", i)) for i in range(500)],
-                                 {"batch_id": batch_id})
+                keys = [f"{name}-{batch_id}-{i}" for i in range(500)]
+                runtime.transact([(0, [key], webhook_doc(key, 1)) for key in keys], {"batch_id": batch_id})
             runtime.close()
         except BaseException as exc:  # collected: an assertion in a thread would be lost
             errors.append(exc)

@@ -17,6 +17,8 @@ Contract (one `Runtime` per materialization key range per connection):
   and `checkpoint` committed together in the driver's store. With recovery-log drivers, the driver's effects are
   durable only once the caller commits its own log and the next Acknowledge reaches the driver.
 
+transact pauses Python's cyclic GC while it runs (it creates no cycles; see _cyclic_gc_paused for the figure).
+
 Any failure (driver Error, FencedOff, ordering violation, lost connection) poisons this Runtime: close it, open
 a new one, and replay from the checkpoint that open() returns. Recovery after a crash between the driver's commit
 and the caller's log commit is the caller's: compare the batch with open()'s checkpoint and skip what it covers.

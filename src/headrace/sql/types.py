@@ -1,40 +1,44 @@
-"""PostgreSQL type OIDs by name, and the serving store's (DuckDB's) types mapped onto them."""
+"""PostgreSQL types as the SQL layer names them (pg_type.typname), and the serving store's (DuckDB's)
+types mapped onto them. The OIDs and array OIDs themselves live once, in headrace.pgwire.types."""
 
 from __future__ import annotations
 
+from headrace.pgwire import types as pg
+
 OID_BY_TYPE_NAME: dict[str, int] = {
-    "bool": 16, "bytea": 17, "name": 19, "int8": 20, "int2": 21, "int4": 23, "text": 25, "oid": 26,
-    "json": 114, "float4": 700, "float8": 701, "unknown": 705, "varchar": 1043, "date": 1082,
-    "timestamp": 1114, "timestamptz": 1184, "interval": 1186, "numeric": 1700, "uuid": 2950, "jsonb": 3802,
+    "bool": pg.BOOL, "bytea": pg.BYTEA, "name": pg.NAME, "int8": pg.INT8, "int2": pg.INT2, "int4": pg.INT4,
+    "text": pg.TEXT, "oid": pg.OID, "json": pg.JSON, "float4": pg.FLOAT4, "float8": pg.FLOAT8,
+    "unknown": pg.UNKNOWN, "varchar": pg.VARCHAR, "date": pg.DATE, "timestamp": pg.TIMESTAMP,
+    "timestamptz": pg.TIMESTAMPTZ, "interval": pg.INTERVAL, "numeric": pg.NUMERIC, "uuid": pg.UUID,
+    "jsonb": pg.JSONB,
 }
-TEXT_OID = OID_BY_TYPE_NAME["text"]
+TEXT_OID = pg.TEXT
 
 # DuckDB type names (str(DuckDBPyType)) -> PostgreSQL OID
 _DUCKDB_TO_OID: dict[str, int] = {
-    "BOOLEAN": 16, "BLOB": 17, "BIGINT": 20, "SMALLINT": 21, "TINYINT": 21, "INTEGER": 23, "VARCHAR": 25,
-    "JSON": 3802, "FLOAT": 700, "DOUBLE": 701, "DATE": 1082, "TIMESTAMP": 1114,
-    "TIMESTAMP WITH TIME ZONE": 1184, "INTERVAL": 1186, "UUID": 2950, "HUGEINT": 1700, "UBIGINT": 1700,
-    "UINTEGER": 20, "USMALLINT": 23, "UTINYINT": 21, "UHUGEINT": 1700, "\"NULL\"": 25, "NULL": 25,
+    "BOOLEAN": pg.BOOL, "BLOB": pg.BYTEA, "BIGINT": pg.INT8, "SMALLINT": pg.INT2, "TINYINT": pg.INT2,
+    "INTEGER": pg.INT4, "VARCHAR": pg.TEXT, "JSON": pg.JSONB, "FLOAT": pg.FLOAT4, "DOUBLE": pg.FLOAT8,
+    "DATE": pg.DATE, "TIMESTAMP": pg.TIMESTAMP, "TIMESTAMP WITH TIME ZONE": pg.TIMESTAMPTZ,
+    "INTERVAL": pg.INTERVAL, "UUID": pg.UUID, "HUGEINT": pg.NUMERIC, "UBIGINT": pg.NUMERIC,
+    "UINTEGER": pg.INT8, "USMALLINT": pg.INT4, "UTINYINT": pg.INT2, "UHUGEINT": pg.NUMERIC,
+    "\"NULL\"": pg.TEXT, "NULL": pg.TEXT,
 }
-# Array OIDs of the element types above (PostgreSQL's _int4 etc.)
-_ARRAY_OID: dict[int, int] = {16: 1000, 17: 1001, 20: 1016, 21: 1005, 23: 1007, 25: 1009, 700: 1021, 701: 1022,
-                              1082: 1182, 1114: 1115, 1184: 1185, 1186: 1187, 1700: 1231, 2950: 2951, 3802: 3807}
+
+# PostgreSQL OID -> the serving store's type, for typing parameters the client declared.
+DUCKDB_TYPE_BY_OID: dict[int, str] = {
+    pg.BOOL: "BOOLEAN", pg.BYTEA: "BLOB", pg.INT8: "BIGINT", pg.INT2: "SMALLINT", pg.INT4: "INTEGER",
+    pg.TEXT: "VARCHAR", pg.VARCHAR: "VARCHAR", pg.JSON: "JSON", pg.JSONB: "JSON", pg.FLOAT4: "FLOAT",
+    pg.FLOAT8: "DOUBLE", pg.NUMERIC: "DECIMAL(38, 10)", pg.DATE: "DATE", pg.TIMESTAMP: "TIMESTAMP",
+    pg.TIMESTAMPTZ: "TIMESTAMPTZ", pg.INTERVAL: "INTERVAL", pg.UUID: "UUID",
+}
 
 
 def oid_of_duckdb_type(type_name: str) -> int:
     name = type_name.upper()
     if name.endswith("[]"):
-        return _ARRAY_OID.get(oid_of_duckdb_type(name[:-2]), 1009)
+        return pg.array_oid_of(oid_of_duckdb_type(name[:-2])) or pg.array_oid_of(pg.TEXT) or pg.TEXT
     if name.startswith("DECIMAL"):
-        return 1700
+        return pg.NUMERIC
     if name.startswith("TIMESTAMP") and "TIME ZONE" not in name:
-        return 1114
-    return _DUCKDB_TO_OID.get(name, TEXT_OID)
-
-
-# PostgreSQL OID -> the serving store's type, for typing parameters the client declared.
-DUCKDB_TYPE_BY_OID: dict[int, str] = {
-    16: "BOOLEAN", 17: "BLOB", 20: "BIGINT", 21: "SMALLINT", 23: "INTEGER", 25: "VARCHAR", 1043: "VARCHAR",
-    114: "JSON", 3802: "JSON", 700: "FLOAT", 701: "DOUBLE", 1700: "DECIMAL(38, 10)", 1082: "DATE",
-    1114: "TIMESTAMP", 1184: "TIMESTAMPTZ", 1186: "INTERVAL", 2950: "UUID",
-}
+        return pg.TIMESTAMP
+    return _DUCKDB_TO_OID.get(name, pg.TEXT)

@@ -19,14 +19,55 @@ def main(argv: list[str] | None = None) -> None:
     up.add_argument("--pg-port", type=int, default=6875)
     up.add_argument("--http-port", type=int, default=6876)
     up.add_argument("--spark-master", default="local[*]")
+    up.add_argument("--tls-cert", type=Path, help="PEM certificate (chain) for pgwire TLS; needs --tls-key")
+    up.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
+    up.add_argument("--auth", default="loopback=trust,all=scram-sha-256",
+                    help="pgwire authentication: trust | password | scram-sha-256, or first-match rules "
+                         "[USER@]HOSTS=METHOD,... with HOSTS all, loopback or a CIDR "
+                         "(default: loopback=trust,all=scram-sha-256)")
+    webhook = up.add_argument_group("webhook settings (docs/webhooks.md#settings)")
+    webhook.add_argument("--webhook-max-body-bytes", type=int, default=5 << 20,
+                         help="larger request bodies (after gzip/deflate decoding) get 413 (default 5 MiB)")
+    webhook.add_argument("--webhook-max-concurrent-requests", type=int, default=500,
+                         help="requests in flight at once, all sources; beyond it 429 (default 500)")
+    webhook.add_argument("--webhook-max-concurrent-requests-per-source", type=int, default=500,
+                         help="requests in flight at once for one source; beyond it 429 (default 500)")
+    webhook.add_argument("--webhook-group-commit-max-batch", type=int, default=1024,
+                         help="rows per fsync at most (default 1024)")
+    webhook.add_argument("--webhook-group-commit-max-wait-ms", type=float, default=0.0,
+                         help="wait up to this long for a batch to fill: fewer fsyncs, slower 200s (default 0)")
+    webhook.add_argument("--webhook-request-log-size", type=int, default=100,
+                         help="requests kept per source in headrace_internal.webhook_requests (default 100)")
+    webhook.add_argument("--webhook-eviction-interval-s", type=float, default=60.0,
+                         help="how often idempotency keys older than the window are forgotten (default 60)")
     args = parser.parse_args(argv)
 
     if args.command == "up":
+        from headrace.pgwire.auth import parse_auth_rules
         from headrace.server import DataDirLocked, ServerConfig, run
+        from headrace.webhook.ingest import IngestSettings
+
+        webhook_settings = IngestSettings(
+            max_body_bytes=args.webhook_max_body_bytes,
+            max_concurrent_requests=args.webhook_max_concurrent_requests,
+            max_concurrent_requests_per_source=args.webhook_max_concurrent_requests_per_source,
+            group_commit_max_batch=args.webhook_group_commit_max_batch,
+            group_commit_max_wait_ms=args.webhook_group_commit_max_wait_ms,
+            request_log_size=args.webhook_request_log_size,
+            eviction_interval_s=args.webhook_eviction_interval_s)
+
+        if (args.tls_cert is None) != (args.tls_key is None):
+            parser.error("--tls-cert and --tls-key go together")
+        try:
+            parse_auth_rules(args.auth)
+        except ValueError as exc:
+            parser.error(str(exc))
 
         try:
             run(ServerConfig(data_dir=args.data_dir, host=args.host, pg_port=args.pg_port,
-                             http_port=args.http_port, spark_master=args.spark_master))
+                             http_port=args.http_port, spark_master=args.spark_master,
+                             tls_cert=args.tls_cert, tls_key=args.tls_key, auth=args.auth,
+                             webhook=webhook_settings))
         except DataDirLocked as exc:
             print(f"headrace: {exc}", file=sys.stderr)
             sys.exit(1)

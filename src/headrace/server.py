@@ -14,17 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headrace.catalog.catalog import Catalog
+from headrace.catalog.roles import RoleCatalog
 from headrace.coordinator.client import AdapterClient
 from headrace.coordinator.coordinator import Coordinator
 from headrace.coordinator.sources import DataLayout, SourceResources
-from headrace.http.app import make_app, run_http
+from headrace.http.app import ServerState, make_app, run_http
 from headrace.materialize.driver import start_driver_server
 from headrace.materialize.drivers.serving import ServingTransactor
+from headrace.pgwire.auth import parse_auth_rules
+from headrace.pgwire.security import SecurityConfig, make_tls_context
 from headrace.pgwire.server import start_pgwire_server
 from headrace.pipeline.supervisor import PipelineSupervisor
 from headrace.sql.ddl import item_from_create_sql
 from headrace.store.serving import ServingStore
-from headrace.webhook.ingest import IngestRegistry
+from headrace.store.system_tables import SystemTables
+from headrace.webhook.ingest import IngestRegistry, IngestSettings
 
 log = logging.getLogger("headrace")
 
@@ -36,6 +40,10 @@ class ServerConfig:
     pg_port: int = 6875
     http_port: int = 6876
     spark_master: str = "local[*]"
+    tls_cert: Path | None = None  # with tls_key: SSLRequest is answered 'S'
+    tls_key: Path | None = None
+    auth: str = "loopback=trust,all=scram-sha-256"  # pgwire authentication rules (pgwire/auth.py)
+    webhook: IngestSettings = IngestSettings()  # limits, group commit, request log (docs/webhooks.md)
 
 
 class DataDirLocked(Exception):
@@ -59,20 +67,27 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     layout = DataLayout(config.data_dir.resolve())
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headrace-store")
     store = ServingStore(layout.store_file)
-    registry = IngestRegistry()
+    registry = IngestRegistry(config.webhook)
+    # HTTP first: webhooks get 503 + Retry-After while the sources (and their indexes) open.
+    web_state = ServerState()
+    http_runner = await run_http(make_app(registry, ready=web_state), config.host, config.http_port)
     catalog = Catalog(layout.root, item_from_create_sql)
     resources = SourceResources(layout, store, registry, executor)
     for source in catalog.sources():
         await resources.ensure(source)
+    web_state.ready = True
     _remove_orphans(layout, {source.id for source in catalog.sources()})
 
     driver_server = await start_driver_server("127.0.0.1", 0, lambda _open: ServingTransactor(store))
     driver_address = driver_server.sockets[0].getsockname()[:2]
     supervisor = PipelineSupervisor(layout.root, config.spark_master, driver_address)
-    coordinator = Coordinator(catalog, resources, executor, supervisor.update)
+    roles = RoleCatalog(layout.root)
+    coordinator = Coordinator(catalog, resources, executor, supervisor.update, roles=roles,
+                              system_tables=SystemTables(registry))
     adapter = AdapterClient(coordinator)
-    pg_server = await start_pgwire_server(adapter, config.host, config.pg_port)
-    http_runner = await run_http(make_app(registry), config.host, config.http_port)
+    security = SecurityConfig(parse_auth_rules(config.auth), roles,
+                              make_tls_context(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None)
+    pg_server = await start_pgwire_server(adapter, config.host, config.pg_port, security)
     await supervisor.start(catalog.sources())
 
     print(f"headrace is up (data in {layout.root})", flush=True)
@@ -83,6 +98,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
         await stop.wait()
     finally:
         print("headrace: shutting down", flush=True)
+        web_state.stopping = True  # 503 + Retry-After from now on
         await http_runner.cleanup()  # stop taking webhooks first: nothing acknowledged is lost
         pg_server.close()
         await supervisor.stop()

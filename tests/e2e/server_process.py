@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
@@ -21,8 +22,9 @@ def free_port() -> int:
 
 
 class HeadraceProcess:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, extra_args: Sequence[str] = ()) -> None:
         self.data_dir = data_dir
+        self.extra_args = tuple(extra_args)  # more `headrace up` options, e.g. --auth, --tls-cert
         self.pg_port = free_port()
         self.http_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -39,7 +41,8 @@ class HeadraceProcess:
         output = open(self.output_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "headrace.cli", "up", "--data-dir", str(self.data_dir),
-             "--pg-port", str(self.pg_port), "--http-port", str(self.http_port), "--spark-master", "local[2]"],
+             "--pg-port", str(self.pg_port), "--http-port", str(self.http_port), "--spark-master", "local[2]",
+             *self.extra_args],
             stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         output.close()

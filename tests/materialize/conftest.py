@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from headrace.materialize.driver import Transactor, start_driver_server
-from headrace.materialize.drivers.serving import ServingTransactor
+from headrace.materialize.drivers.serving import ServingConnector, ServingTransactor
 from headrace.materialize.protocol import Binding, MaterializationSpec, Open
 from headrace.materialize.runtime import RpcDriverConnection, Runtime
 from headrace.store.serving import ServingStore
@@ -42,7 +42,8 @@ class DriverServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="driver-server", daemon=True)
         self._thread.start()
         self._server = asyncio.run_coroutine_threadsafe(
-            start_driver_server("127.0.0.1", 0, self._factory), self._loop).result(timeout=10)
+            start_driver_server("127.0.0.1", 0, self._factory, connector=ServingConnector(store)),
+            self._loop).result(timeout=10)
         self.host, self.port = self._server.sockets[0].getsockname()[:2]
 
     def _factory(self, open: Open) -> Transactor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -322,3 +323,53 @@ def test_a_spec_the_driver_cannot_serve_fails_open(server: DriverServer) -> None
     runtime = server.runtime(spec)
     with pytest.raises(DriverError, match="column type BLOB of 'v' is not supported"):
         runtime.open()
+
+
+def add_bodies(older: dict[str, Any] | None, newer: dict[str, Any]) -> dict[str, Any]:
+    """A sum reduction of body.k: not idempotent, so any doubling shows."""
+    return {**newer, "body": {"k": newer["body"]["k"] + (older["body"]["k"] if older else 0)}}
+
+
+def test_delta_updates_store_the_combination_of_this_transaction_only(server: DriverServer) -> None:
+    runtime = server.runtime(webhook_spec("deltas", delta_updates=True), reducers=[add_bodies])
+    runtime.open()
+    runtime.transact([(0, ["a"], webhook_doc("a", -1)), (0, ["a"], webhook_doc("a", 3)),
+                      (0, ["a"], webhook_doc("a", 2))], {"n": 1})
+    runtime.transact([(0, ["a"], webhook_doc("a", 6)), (0, ["a"], webhook_doc("a", -7)),
+                      (0, ["a"], webhook_doc("a", -1))], {"n": 2})
+    assert [(r[0], r[1]) for r in rows(server.store, "deltas")] == [("a", '{"k":-2}'), ("a", '{"k":4}')]
+    transactor = last_transactor(server)
+    assert transactor.loads == [] and transactor.calls == ["acknowledge", "acknowledge"]
+    runtime.close()
+
+
+def test_a_deleted_document_deletes_its_key(server: DriverServer) -> None:
+    runtime = server.runtime(webhook_spec())
+    runtime.open()
+    runtime.transact([(0, ["a"], webhook_doc("a", 1)), (0, ["b"], webhook_doc("b", 1))], {"n": 1})
+    deletion = {**webhook_doc("a", 0), "_meta": {"op": "d"}}
+    runtime.transact([(0, ["a"], deletion), (0, ["c"], deletion)], {"n": 2})  # c was never stored
+    stores = last_transactor(server).stores[2:]
+    assert [(s.key, s.delete, s.exists) for s in stores] == [(["a"], True, True)]
+    assert [r[0] for r in rows(server.store)] == ["b"]
+    runtime.transact([(0, ["a"], webhook_doc("a", 2))], {"n": 3})  # a key comes back after its deletion
+    assert [r[0] for r in rows(server.store)] == ["a", "b"]
+    runtime.close()
+
+
+def test_a_zombie_commits_nothing_and_nothing_is_doubled(server: DriverServer) -> None:
+    """A second runtime opens the same materialization while the first holds a transaction; the first's commit
+    fails fenced, the second replays from the store's checkpoint: every document counted once."""
+    first = server.runtime(webhook_spec(), reducers=[add_bodies])
+    first.open()
+    first.transact([(0, ["a"], webhook_doc("a", 1))], {"batch_id": 0})
+    second = server.runtime(webhook_spec(), reducers=[add_bodies])
+    assert second.open() == {"batch_id": 0}
+    batch_1 = [(0, ["a"], webhook_doc("a", 10)), (0, ["b"], webhook_doc("b", 5))]
+    with pytest.raises(FencedOff, match="fenced off"):
+        first.transact(batch_1, {"batch_id": 1})
+    second.transact(batch_1, {"batch_id": 1})
+    with pytest.raises(MaterializationError, match="unusable"):
+        first.transact(batch_1, {"batch_id": 1})
+    assert [(r[0], json.loads(r[1])["k"]) for r in rows(server.store)] == [("a", 11), ("b", 5)]
+    second.close()

@@ -12,7 +12,7 @@ from headrace.errors import FeatureNotSupported, InternalError
 from headrace.materialize.protocol import Binding
 from headrace.store.serving import ServingStore
 
-from .conftest import webhook_binding
+from .conftest import WEBHOOK_COLUMNS, webhook_binding
 
 
 def test_a_new_database_has_schemas_and_the_checkpoints_table(tmp_path: Path) -> None:
@@ -20,9 +20,9 @@ def test_a_new_database_has_schemas_and_the_checkpoints_table(tmp_path: Path) ->
     cursor = store.cursor()
     schemas = {r[0] for r in cursor.execute("SELECT schema_name FROM information_schema.schemata").fetchall()}
     assert {"public", "headrace_internal"} <= schemas
-    cursor.execute("INSERT INTO headrace_internal.checkpoints VALUES ('m', 0, 10, 1, NULL)")
+    cursor.execute("INSERT INTO headrace_internal.checkpoints VALUES ('m', 0, 10, 1, NULL, NULL)")
     with pytest.raises(duckdb.ConstraintException):
-        cursor.execute("INSERT INTO headrace_internal.checkpoints VALUES ('m', 0, 10, 2, NULL)")
+        cursor.execute("INSERT INTO headrace_internal.checkpoints VALUES ('m', 0, 10, 2, NULL, NULL)")
     cursor.close()
     store.close()
     reopened = ServingStore(tmp_path / "s.duckdb")  # creating again is harmless and keeps the rows
@@ -59,12 +59,37 @@ def test_delta_updates_tables_have_no_primary_key(serving_store: ServingStore) -
     assert cursor.execute("SELECT count(*) FROM headrace_internal.deltas").fetchone() == (2,)
 
 
-def test_apply_refuses_a_table_with_other_columns(serving_store: ServingStore) -> None:
+def test_apply_migrates_added_and_dropped_value_columns(serving_store: ServingStore) -> None:
+    assert serving_store.apply(webhook_binding()) == ["created table \"headrace_internal\".\"source_u1\" and its changelog"]
+    assert serving_store.apply(webhook_binding()) == []  # the same spec again: nothing to do
+    cursor = serving_store.cursor()
+    cursor.execute("INSERT INTO headrace_internal.source_u1 VALUES ('a', '{}', now())")
+    wider = Binding(("headrace_internal", "source_u1"), ("idempotency_key",), ("body", "received_at", "n"),
+                    {**WEBHOOK_COLUMNS, "n": "BIGINT"})
+    assert serving_store.apply(wider) == [
+        "added column 'n' BIGINT to \"headrace_internal\".\"source_u1\"",
+        "added column 'n' to headrace_internal.\"changes_headrace_internal.source_u1\""]
+    assert serving_store.apply(wider) == []
+    assert cursor.execute("SELECT idempotency_key, n FROM headrace_internal.source_u1").fetchall() == [("a", None)]
+    narrower = Binding(("headrace_internal", "source_u1"), ("idempotency_key",), ("body",),
+                       {"idempotency_key": "VARCHAR", "body": "JSON"})
+    assert serving_store.apply(narrower) == []  # value columns are nullable already: they simply stay
+    columns = serving_store.columns(("headrace_internal", "source_u1"))
+    assert columns is not None and list(columns) == ["idempotency_key", "body", "received_at", "n"]
+
+
+def test_apply_refuses_a_changed_key_or_type(serving_store: ServingStore) -> None:
     serving_store.apply(webhook_binding())
-    changed = Binding(("headrace_internal", "source_u1"), ("idempotency_key",), ("body",),
+    rekeyed = Binding(("headrace_internal", "source_u1"), ("body",), ("idempotency_key",),
                       {"idempotency_key": "VARCHAR", "body": "JSON"})
-    with pytest.raises(InternalError, match="exists with columns .* the binding expects"):
-        serving_store.apply(changed)
+    with pytest.raises(InternalError, match=r"has primary key \['idempotency_key'\], the binding needs \['body'\]"):
+        serving_store.apply(rekeyed)
+    retyped = Binding(("headrace_internal", "source_u1"), ("idempotency_key",), ("body",),
+                      {"idempotency_key": "VARCHAR", "body": "BIGINT"})
+    with pytest.raises(InternalError, match="column 'body' of type JSON, the binding expects BIGINT"):
+        serving_store.apply(retyped)
+    with pytest.raises(FeatureNotSupported, match="'hr_diff' is reserved for the changelog"):
+        serving_store.apply(Binding(("t",), ("k",), ("hr_diff",), {"k": "VARCHAR", "hr_diff": "BIGINT"}))
 
 
 def test_apply_refuses_unknown_types_and_untyped_columns(serving_store: ServingStore) -> None:

@@ -15,7 +15,7 @@ def test_create_source_full_form() -> None:
     assert isinstance(statement, CreateWebhookSource)
     source = item_from_create_sql("u7", sql)
     assert (source.id, source.name, source.body_format, source.include_headers) == ("u7", "s", "json", True)
-    assert source.idempotent_expr == "headers ->> 'idempotency-key'"
+    assert source.idempotent_expr == "headers->>'idempotency-key'"  # as written
     assert source.column_names() == ["body", "headers", "received_at", "idempotency_key"]
     assert item_from_create_sql("u8", "create source t from webhook body format json").column_names() == ["body", "received_at"]
 

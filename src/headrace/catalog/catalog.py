@@ -1,7 +1,10 @@
-"""The durable catalog: the CREATE statement of every item, in one small file replaced atomically.
+"""The durable catalog: the CREATE statement of every source and the name of every secret, in one
+small file replaced atomically. Secret values live in the secret store beside it (secrets.json).
 
-Items are rebuilt by re-parsing their `create_sql` at start (like Materialize's catalog), so the
-statement text is the single source of truth for a definition."""
+Sources are rebuilt by re-parsing their `create_sql` at start (like Materialize's catalog), so the
+statement text is the single source of truth for a definition. Every source the catalog hands
+out carries a `secret_lookup` reading the current value of a secret by name, so ALTER SECRET
+takes effect at the next request without re-creating anything."""
 
 from __future__ import annotations
 
@@ -9,9 +12,12 @@ import json
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from headrace.catalog.items import WebhookSource
+from headrace.catalog.items import DEFAULT_SCHEMA, Secret, WebhookSource
+from headrace.catalog.secrets import SecretStore
+from headrace.catalog.views import MaterializedView
 
 CATALOG_FILE = "catalog.json"
 FORMAT_VERSION = 1
@@ -21,17 +27,27 @@ ItemBuilder = Callable[[str, str], WebhookSource]
 
 
 class Catalog:
-    def __init__(self, data_dir: Path, build_item: ItemBuilder) -> None:
+    def __init__(self, data_dir: Path, build_item: ItemBuilder, *, secrets: SecretStore | None = None) -> None:
         self._path = data_dir / CATALOG_FILE
         self._lock = threading.Lock()
         self._next_id = 1
         self._items: dict[str, WebhookSource] = {}
+        self._secrets: dict[str, Secret] = {}
+        self._views: dict[str, MaterializedView] = {}  # CREATE MATERIALIZED VIEW (coordinator/views.py)
+        self.secret_values = secrets if secrets is not None else SecretStore(data_dir)
         if self._path.exists():
             stored = json.loads(self._path.read_text())
             self._next_id = int(stored["next_id"])
+            for entry in stored.get("secrets", ()):
+                secret = Secret(id=entry["id"], name=entry["name"], schema=entry.get("schema", DEFAULT_SCHEMA))
+                self._secrets[secret.id] = secret
             for entry in stored["items"]:
-                item = build_item(entry["id"], entry["create_sql"])
+                item = self._with_lookup(build_item(entry["id"], entry["create_sql"]))
                 self._items[item.id] = item
+            for entry in stored.get("views", ()):
+                view = MaterializedView.from_entry(entry)
+                self._views[view.id] = view
+        self.secret_values.retain(set(self._secrets))
 
     def allocate_id(self) -> str:
         with self._lock:
@@ -39,6 +55,7 @@ class Catalog:
             self._next_id += 1
             return item_id
 
+    # ---- sources --------------------------------------------------------------------------------
     def sources(self) -> list[WebhookSource]:
         return sorted(self._items.values(), key=lambda item: int(item.id[1:]))
 
@@ -48,22 +65,85 @@ class Catalog:
                 return item
         return None
 
-    def add(self, item: WebhookSource) -> None:
+    def add(self, item: WebhookSource) -> WebhookSource:
+        """Store (or replace, by id: ALTER SOURCE) a source; returns it as the catalog hands it out."""
+        item = self._with_lookup(item)
         with self._lock:
             self._items[item.id] = item
             self._persist()
+        return item
 
     def remove(self, item_id: str) -> None:
         with self._lock:
             self._items.pop(item_id, None)
             self._persist()
 
+    def _with_lookup(self, item: WebhookSource) -> WebhookSource:
+        return item if item.secret_lookup is not None else replace(item, secret_lookup=self.secret_value)
+
+    # ---- materialized views ---------------------------------------------------------------------
+    def views(self) -> list[MaterializedView]:
+        return sorted(self._views.values(), key=lambda item: int(item.id[1:]))
+
+    def find_view(self, schema: str, name: str) -> MaterializedView | None:
+        return next((v for v in self._views.values() if v.schema == schema and v.name == name), None)
+
+    def add_view(self, view: MaterializedView) -> None:
+        with self._lock:
+            self._views[view.id] = view
+            self._persist()
+
+    def remove_view(self, view_id: str) -> None:
+        with self._lock:
+            self._views.pop(view_id, None)
+            self._persist()
+
+    # ---- secrets --------------------------------------------------------------------------------
+    def secrets(self) -> list[Secret]:
+        return sorted(self._secrets.values(), key=lambda item: int(item.id[1:]))
+
+    def find_secret(self, schema: str, name: str) -> Secret | None:
+        for secret in self._secrets.values():
+            if secret.schema == schema and secret.name == name:
+                return secret
+        return None
+
+    def add_secret(self, secret: Secret, value: bytes) -> None:
+        """The value first: a crash in between leaves an unnamed value, forgotten at the next start."""
+        with self._lock:
+            self.secret_values.put(secret.id, value)
+            self._secrets[secret.id] = secret
+            self._persist()
+
+    def set_secret_value(self, secret: Secret, value: bytes) -> None:
+        self.secret_values.put(secret.id, value)
+
+    def remove_secret(self, secret_id: str) -> None:
+        """The name first: a crash in between leaves an unnamed value, forgotten at the next start."""
+        with self._lock:
+            self._secrets.pop(secret_id, None)
+            self._persist()
+            self.secret_values.delete(secret_id)
+
+    def secret_value(self, name: str) -> bytes | None:
+        """The value of secret `name` (optionally schema-qualified), or None."""
+        schema, _, bare = name.rpartition(".")
+        secret = self.find_secret(schema.rpartition(".")[2] or DEFAULT_SCHEMA, bare)
+        return None if secret is None else self.secret_values.get(secret.id)
+
+    def sources_using_secret(self, secret: Secret) -> list[WebhookSource]:
+        return [source for source in self.sources()
+                if any(name.rpartition(".")[2] == secret.name for name in source.secret_names())]
+
+    # ---- durability -----------------------------------------------------------------------------
     def _persist(self) -> None:
         """Write-fsync-rename-fsync: after a crash the catalog is either the old or the new one."""
         document = {
             "format": FORMAT_VERSION,
             "next_id": self._next_id,
             "items": [{"id": item.id, "create_sql": item.create_sql} for item in self.sources()],
+            "secrets": [{"id": secret.id, "name": secret.name, "schema": secret.schema} for secret in self.secrets()],
+            "views": [view.to_entry() for view in self.views()],
         }
         temporary = self._path.with_suffix(".tmp")
         with open(temporary, "w") as handle:

@@ -7,7 +7,15 @@ import asyncio
 from collections.abc import Sequence
 
 from headrace.coordinator.coordinator import Coordinator
-from headrace.coordinator.responses import Column, ExecuteResponse, StatementDescription
+from headrace.coordinator.responses import (
+    Column,
+    CommandComplete,
+    CopyFrom,
+    ExecuteResponse,
+    Fetch,
+    StatementDescription,
+)
+from headrace.coordinator.session_sql import fetch_rows, portal_columns
 from headrace.coordinator.session import REPORTED_VARIABLES, Session, TransactionStatus, default_variables
 from headrace.errors import HeadraceError, InternalError
 from headrace.catalog.items import DEFAULT_DATABASE
@@ -59,30 +67,39 @@ class SessionClient:
         return self._session.get_statement(name).description
 
     def bind(self, portal: str, statement: str, params: Sequence[object]) -> None:
-        if portal == "":
-            self._session.portals.pop("", None)
         self._session.set_portal(portal, self._session.get_statement(statement), params)
 
     async def declare(self, portal: str, sql: str, params: Sequence[object]) -> None:
         """Prepare and bind in one step, without naming the statement (seed 004's declare)."""
         with self._possession():
             statement = await self._coordinator.prepare(self._session, "", sql, [])
-        if portal == "":
-            self._session.portals.pop("", None)
         self._session.set_portal(portal, statement, params)
 
     def describe_portal(self, portal: str) -> tuple[Column, ...] | None:
-        found = self._session.get_portal(portal)
-        return found.columns if found.columns is not None else found.statement.description.columns
+        return portal_columns(self._session.get_portal(portal))
 
     async def execute(self, portal: str, max_rows: int, cancel: asyncio.Event) -> ExecuteResponse:
+        """Run a portal. Never returns Fetch: a FETCH's inner execute (of its cursor) runs here,
+        and its rows come back tagged FETCH (seed 004's outer and inner execute)."""
         found = self._session.get_portal(portal)
         self._cancel = cancel
         try:
             with self._possession():
-                return await self._coordinator.execute(self._session, found, max_rows, cancel)
+                response = await self._coordinator.execute(self._session, found, max_rows, cancel)
+                if isinstance(response, Fetch):
+                    return await fetch_rows(self._coordinator, self._session, response, cancel)
+                return response
         finally:
             self._cancel = None
+
+    async def insert_rows(self, target: CopyFrom, rows: list[tuple[object, ...]],
+                          cancel: asyncio.Event | None = None) -> CommandComplete:
+        """The rows a COPY FROM STDIN sent, decoded by the protocol layer (seed 004's CopyRows);
+        the COPY finishes here: CommandComplete("COPY n")."""
+        with self._possession():
+            count = await self._coordinator.session_sql.targets.insert_rows(
+                self._session, target.target, target.columns, rows)
+        return CommandComplete(f"COPY {count}")
 
     def cancel_running(self) -> None:
         if self._cancel is not None:
@@ -92,7 +109,7 @@ class SessionClient:
         self._session.statements.pop(name, None)
 
     def close_portal(self, name: str) -> None:
-        self._session.portals.pop(name, None)
+        self._session.close_portal(name)
 
     def on_sync(self) -> None:
         self._session.end_of_batch()
@@ -101,6 +118,7 @@ class SessionClient:
         self._session.fail_transaction()
 
     async def terminate(self) -> None:
+        self._session.close_all_cursors()  # a subscription behind a cursor stops with its session
         self._adapter._forget(self)
 
     def _possession(self) -> _Possession:

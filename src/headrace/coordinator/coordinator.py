@@ -14,6 +14,8 @@ from typing import Any
 from sqlglot import exp
 
 from headrace.catalog.catalog import Catalog
+from headrace.catalog.roles import RoleCatalog
+from headrace.catalog.system import SystemCatalog
 from headrace.catalog.items import WebhookSource
 from headrace.coordinator.responses import (
     Column,
@@ -29,7 +31,13 @@ from headrace.coordinator.session import (
     Session,
     TransactionStatus,
 )
+from headrace.coordinator.plan_cache import CursorPool, PlanCache, reusable_cursor, runs_inline
+from headrace.coordinator.roles import ROLE_STATEMENTS, execute_role_statement
+from headrace.coordinator.copy import SourcesAreNotTables
+from headrace.coordinator.session_sql import SESSION_STATEMENTS, SessionStatements
+from headrace.coordinator.ddl_sources import SourceDdl, handles as is_source_ddl
 from headrace.coordinator.sources import SourceResources
+from headrace.coordinator import views as view_ddl
 from headrace.errors import (
     DuplicateObject,
     FeatureNotSupported,
@@ -37,13 +45,12 @@ from headrace.errors import (
     QueryCanceled,
     UndefinedObject,
 )
-from headrace.sql.ast import CreateWebhookSource, DropObject, ShowObjects, ShowVariable
-from headrace.sql.ddl import qualified_name, webhook_source_from_statement
-from headrace.sql.expr import compile_expression
+from headrace.sql.ast import ShowObjects
 from headrace.sql.parser import parse_statement
 from headrace.sql.select import is_query, plan_select
 from headrace.sql.types import TEXT_OID
-from headrace.store.query import describe_query, run_query
+from headrace.store.query import describe_query, run_query, session_parameters
+from headrace.store.system_tables import SystemTables
 
 log = logging.getLogger(__name__)
 
@@ -53,30 +60,59 @@ AbortedTransaction = "25P02"
 
 class Coordinator:
     def __init__(self, catalog: Catalog, resources: SourceResources, executor: ThreadPoolExecutor,
-                 on_sources_changed: Callable[[list[WebhookSource]], None]) -> None:
+                 on_sources_changed: Callable[[list[WebhookSource]], None],
+                 roles: RoleCatalog | None = None, system_tables: SystemTables | None = None) -> None:
         self.catalog = catalog
+        self.system_tables = system_tables  # headrace_internal.webhook_counters, ... (in-memory relations)
+        self.roles = roles if roles is not None else RoleCatalog(None)  # CREATE ROLE; pg_roles reads list_roles()
         self.resources = resources
         self.executor = executor
         self._on_sources_changed = on_sources_changed
         self._ddl_lock = asyncio.Lock()
+        # CREATE/ALTER/DROP SOURCE and SECRET, SHOW SECRETS (coordinator/ddl_sources.py)
+        self.source_ddl = SourceDdl(catalog, resources, self._ddl_lock, self._on_sources_changed)
+        # CREATE / DROP / SHOW [CREATE] MATERIALIZED VIEW[S] (coordinator/views.py)
+        self.views = view_ddl.ViewDdl(catalog, resources.store, executor, self._ddl_lock,
+                                      resources.layout.root / "pipeline" / "checkpoints")
+        # PREPARE / DECLARE / FETCH / COPY / SET / BEGIN ... (coordinator/session_sql.py)
+        self.session_sql = SessionStatements(self, SourcesAreNotTables(catalog))
+        # pg_catalog / information_schema generated from the catalog and roles (catalog/system)
+        self.system_catalog = SystemCatalog(resources.store, catalog.sources, roles=self.roles.list_roles)
+        # SELECT fast path: plans by text (valid while the catalog is unchanged), pooled cursors
+        self.plan_cache = PlanCache(lambda: tuple((item.id, item.create_sql) for item in [*catalog.sources(), *catalog.views()]))
+        self.cursors = CursorPool(resources.store)
 
     # ---- prepare ------------------------------------------------------------------------------
     async def prepare(self, session: Session, name: str, sql: str, param_types: Sequence[int]) -> PreparedStatement:
         if not sql.strip().strip(";").strip():
             return PreparedStatement(sql=sql, ast=None, description=StatementDescription((), None))
+        cached = self.plan_cache.get(sql, param_types)  # the fast path (coordinator/plan_cache.py)
+        if cached is not None:
+            return cached
         ast = parse_statement(sql)
+        if isinstance(ast, SESSION_STATEMENTS):
+            return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))
         if is_query(ast):
             plan = plan_select(ast, self._relation_exists, param_types)
-            columns = await self._run(describe_query, self.resources.store, plan)
-            return PreparedStatement(sql, ast, StatementDescription(plan.param_types, columns), plan)
+            if plan.reads_system_catalog:
+                await self._run(self.system_catalog.refresh)
+            unbound = plan
+            if self.system_tables is not None:
+                plan = self.system_tables.bind(plan)
+                columns = await self._run(self.system_tables.describe, self.resources.store, plan)
+            else:
+                columns = await self._run(describe_query, self.resources.store, plan)
+            statement = PreparedStatement(sql, ast, StatementDescription(plan.param_types, columns), plan)
+            if plan is unbound:
+                self.plan_cache.put(sql, param_types, statement)
+            return statement
         return PreparedStatement(sql, ast, StatementDescription(tuple(param_types), self._static_columns(ast)))
 
     def _static_columns(self, ast: exp.Expr) -> tuple[Column, ...] | None:
-        if isinstance(ast, ShowVariable):
-            name = ast.this
-            if name == "all":
-                return (Column("name", TEXT), Column("setting", TEXT), Column("description", TEXT))
-            return (Column(name.split()[-1] if name.startswith("transaction") else name, TEXT),)
+        if view_ddl.handles(ast):
+            return self.views.columns(ast)
+        if isinstance(ast, ShowObjects) and ast.args.get("kind") == "secret":
+            return (Column("name", TEXT),)
         if isinstance(ast, ShowObjects):
             return (Column("name", TEXT), Column("type", TEXT))
         return None
@@ -93,11 +129,17 @@ class Coordinator:
             raise HeadraceError("current transaction is aborted, commands ignored until end of transaction block",
                                 sqlstate=AbortedTransaction)
         if statement.plan is not None:
-            columns, rows = await self._run_cancellable(cancel, statement.plan, portal.params)
+            if statement.plan.reads_system_catalog:
+                await self._run(self.system_catalog.refresh)
+            params = session_parameters(statement.plan, portal.params, session)  # + current_user, ...
+            columns, rows = await self._run_cancellable(cancel, statement.plan, params)
             portal.columns = columns
             portal.pending_rows = rows
             return _next_rows(portal, max_rows)
-        response = await self._execute_command(session, ast, statement.sql)
+        if isinstance(ast, SESSION_STATEMENTS):
+            response = await self.session_sql.execute(session, ast, cancel)
+        else:
+            response = await self._execute_command(session, ast, statement.sql)
         if isinstance(response, SendingRows):
             portal.columns, portal.pending_rows = response.columns, list(response.rows)
             return _next_rows(portal, max_rows, tag_verb=response.tag_verb)
@@ -105,108 +147,43 @@ class Coordinator:
         return response
 
     async def _execute_command(self, session: Session, ast: exp.Expr, sql: str) -> ExecuteResponse:
-        if isinstance(ast, exp.Transaction):
-            notices = ("there is already a transaction in progress",) if session.transaction is not TransactionStatus.IDLE else ()
-            session.transaction = TransactionStatus.IN_BLOCK
-            return CommandComplete("BEGIN", notices)
-        if isinstance(ast, exp.Commit):
-            failed = session.transaction is TransactionStatus.FAILED
-            notices = ("there is no transaction in progress",) if session.transaction is TransactionStatus.IDLE else ()
-            session.transaction = TransactionStatus.IDLE
-            return CommandComplete("ROLLBACK" if failed else "COMMIT", notices)
-        if isinstance(ast, exp.Rollback):
-            notices = ("there is no transaction in progress",) if session.transaction is TransactionStatus.IDLE else ()
-            session.transaction = TransactionStatus.IDLE
-            return CommandComplete("ROLLBACK", notices)
-        if isinstance(ast, exp.Set):
-            return self._set_variables(session, ast)
-        if isinstance(ast, ShowVariable):
-            return self._show_variable(session, ast.this)
+        if is_source_ddl(ast):
+            return await self.source_ddl.execute(ast)
+        if view_ddl.handles(ast):
+            return await self.views.execute(ast, sql)
         if isinstance(ast, ShowObjects):
             rows = [(source.name, "webhook") for source in self.catalog.sources()
                     if ast.args.get("schema") in (None, source.schema)]
             return SendingRows(self._static_columns(ast) or (), rows, tag_verb="SHOW")
-        if isinstance(ast, CreateWebhookSource):
-            return await self._create_source(ast, sql)
-        if isinstance(ast, DropObject):
-            return await self._drop_sources(ast)
+        if isinstance(ast, ROLE_STATEMENTS):
+            return execute_role_statement(self.roles, session.user, ast)
         raise FeatureNotSupported(f"{ast.key.upper()} is not supported yet")
 
-    # ---- session variables --------------------------------------------------------------------
-    def _set_variables(self, session: Session, ast: exp.Set) -> CommandComplete:
-        for item in ast.expressions:
-            assignment = item.this
-            if isinstance(assignment, exp.EQ):
-                name = assignment.this.sql(dialect="postgres").lower()
-                value = assignment.expression
-                text = value.name if isinstance(value, (exp.Literal, exp.Column, exp.Identifier, exp.Var)) else value.sql()
-                if name == "time zone" or name == "timezone":
-                    name = "timezone"
-                session.variables[name] = "UTC" if name == "timezone" and text.lower() in ("utc", "'utc'") else text
-            else:
-                raise FeatureNotSupported(f"SET {item.sql(dialect='postgres')} is not supported")
-        return CommandComplete("SET")
-
-    def _show_variable(self, session: Session, name: str) -> SendingRows:
-        if name == "all":
-            rows = [(key, value, "") for key, value in sorted(session.variables.items())]
-            return SendingRows((Column("name", TEXT), Column("setting", TEXT), Column("description", TEXT)), rows, "SHOW")
-        key = {"transaction isolation level": "transaction_isolation", "time zone": "timezone"}.get(name, name)
-        if key not in session.variables:
-            raise HeadraceError(f'unrecognized configuration parameter "{name}"', sqlstate="42704")
-        column = Column(name.split()[-1] if name.startswith("transaction") else name, TEXT)
-        return SendingRows((column,), [(session.variables[key],)], "SHOW")
-
     # ---- DDL ----------------------------------------------------------------------------------
-    async def _create_source(self, ast: CreateWebhookSource, sql: str) -> CommandComplete:
-        async with self._ddl_lock:
-            database, schema, name = qualified_name(ast.this)
-            if self.catalog.find(schema, name) is not None:
-                if ast.args.get("if_not_exists"):
-                    return CommandComplete("CREATE SOURCE", (f'source "{name}" already exists, skipping',))
-                raise DuplicateObject(f'source "{name}" already exists')
-            source = webhook_source_from_statement("pending", ast, sql.strip())
-            if source.idempotent_expr is not None:
-                compile_expression(source.idempotent_expr, ("body", "headers"))  # reject bad expressions now
-            source = webhook_source_from_statement(self.catalog.allocate_id(), ast, source.create_sql)
-            # Durable first: after a crash, start-up re-creates whatever resources are missing.
-            self.catalog.add(source)
-            await self.resources.ensure(source)
-            self._sources_changed()
-            return CommandComplete("CREATE SOURCE")
-
-    async def _drop_sources(self, ast: DropObject) -> CommandComplete:
-        async with self._ddl_lock:
-            notices: list[str] = []
-            targets: list[WebhookSource] = []
-            for table in ast.expressions:
-                _, schema, name = qualified_name(table)
-                source = self.catalog.find(schema, name)
-                if source is None:
-                    if ast.args.get("if_exists"):
-                        notices.append(f'source "{name}" does not exist, skipping')
-                        continue
-                    raise UndefinedObject(f'unknown source "{name}"')
-                targets.append(source)
-            for source in targets:
-                self.catalog.remove(source.id)
-                await self.resources.remove(source)
-            if targets:
-                self._sources_changed()
-            return CommandComplete("DROP SOURCE", tuple(notices))
-
     def _sources_changed(self) -> None:
         self._on_sources_changed(self.catalog.sources())
 
     # ---- helpers ------------------------------------------------------------------------------
     def _relation_exists(self, schema: str, name: str) -> bool:
+        if self.system_tables is not None and self.system_tables.exists(schema, name):
+            return True
+        if self.views.is_system_relation(schema, name) or self.catalog.find_view(schema, name) is not None:
+            return True
         return self.catalog.find(schema, name) is not None
 
     async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
 
     async def _run_cancellable(self, cancel: asyncio.Event, plan: Any, params: Sequence[Any]) -> tuple[Any, Any]:
-        cursor = self.resources.store.cursor()
+        reusable = reusable_cursor(plan)
+        cursor = self.cursors.acquire() if reusable else self.resources.store.cursor()
+        if runs_inline(plan):
+            try:
+                return run_query(cursor, plan, params)
+            finally:
+                self.cursors.release(cursor, reusable)
+        if self.system_tables is not None:
+            self.system_tables.register(cursor, plan)
         query = asyncio.ensure_future(self._run(run_query, cursor, plan, params))
         cancelled = asyncio.ensure_future(cancel.wait())
         try:
@@ -214,6 +191,7 @@ class Coordinator:
             if query in done:
                 return query.result()
             cursor.interrupt()
+            reusable = False
             try:
                 await query
             except Exception:  # noqa: BLE001 - the interrupt's own error is replaced by 57014
@@ -221,7 +199,7 @@ class Coordinator:
             raise QueryCanceled("canceling statement due to user request")
         finally:
             cancelled.cancel()
-            cursor.close()
+            self.cursors.release(cursor, reusable)
 
 
 def _next_rows(portal: Portal, max_rows: int, tag_verb: str = "SELECT") -> SendingRows:

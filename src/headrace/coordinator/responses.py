@@ -6,9 +6,11 @@ dict/list for json) and each column names its PostgreSQL type OID; the protocol 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from headrace.pgwire.copy_format import CopyOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,4 +54,51 @@ class EmptyQuery:
     """The statement text held no statement (PostgreSQL's EmptyQueryResponse)."""
 
 
-ExecuteResponse = SendingRows | CommandComplete | EmptyQuery
+@dataclass(slots=True)
+class Subscribing:
+    """A stream of row batches (SUBSCRIBE): `batches` yields each batch as it is committed and ends
+    when the subscription finishes (e.g. UP TO reached). `cancel` stops it and releases what it
+    holds; call it when the client goes away, cancels, or the cursor over it is closed."""
+
+    columns: tuple[Column, ...]
+    batches: AsyncIterator[Sequence[tuple[Any, ...]]]
+    cancel: Callable[[], None]
+
+
+@dataclass(slots=True)
+class CopyTo:
+    """COPY ... TO STDOUT: `data` yields the CopyData payloads (header and trailer included);
+    `row_count` counts the rows written so far, so the tag is right once `data` is exhausted."""
+
+    options: CopyOptions
+    columns: tuple[Column, ...]
+    data: AsyncIterator[bytes]
+    row_count: int = 0
+
+    @property
+    def tag(self) -> str:
+        return f"COPY {self.row_count}"
+
+
+@dataclass(frozen=True, slots=True)
+class CopyFrom:
+    """COPY <target> FROM STDIN: the protocol layer collects the data in `options`' format, decodes
+    it into rows of `columns` (Python values) and hands them to SessionClient.insert_rows."""
+
+    target: tuple[str, str]  # (schema, name)
+    columns: tuple[Column, ...]
+    options: CopyOptions
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """FETCH: the session executes cursor `name` for `count` rows (None = all), waiting up to
+    `timeout_s` (None = until at least one row) for a streaming cursor. The protocol layers never
+    see it: SessionClient.execute runs the inner execute and returns its rows tagged FETCH."""
+
+    name: str
+    count: int | None
+    timeout_s: float | None
+
+
+ExecuteResponse = SendingRows | CommandComplete | EmptyQuery | Subscribing | CopyTo | CopyFrom | Fetch

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlglot import exp
 
+from headrace.coordinator.cursors import SubscriptionBuffer
 from headrace.coordinator.responses import Column, StatementDescription
 from headrace.errors import (
     HeadraceError,
@@ -52,6 +53,18 @@ class Portal:
     columns: tuple[Column, ...] | None = None
     rows_sent: int = 0
     finished: bool = False
+    # SQL cursors (DECLARE) share this namespace with protocol portals.
+    cursor: bool = False
+    hold: bool = False  # WITH HOLD: survives the end of its transaction
+    binary: bool = False
+    declared_in_block: bool = False  # a ROLLBACK of that block drops even a WITH HOLD cursor
+    # A portal over a streaming statement (SUBSCRIBE): FETCH draws from it.
+    stream: SubscriptionBuffer | None = None
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
 
 
 def default_variables(user: str, database: str, application_name: str) -> dict[str, str]:
@@ -95,6 +108,15 @@ class Session:
     transaction: TransactionStatus = TransactionStatus.IDLE
     statements: dict[str, PreparedStatement] = field(default_factory=dict)
     portals: dict[str, Portal] = field(default_factory=dict)
+    # What RESET returns a variable to: the built-in default, or the client's startup value.
+    session_defaults: dict[str, str] = field(default_factory=dict)
+    # Variables as they were at BEGIN (a ROLLBACK restores them) and before each SET LOCAL.
+    _block_variables: dict[str, str] | None = None
+    _local_saved: dict[str, str | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.session_defaults:
+            self.session_defaults = dict(self.variables)
 
     def get_statement(self, name: str) -> PreparedStatement:
         try:
@@ -106,22 +128,87 @@ class Session:
         try:
             return self.portals[name]
         except KeyError:
-            raise UndefinedCursor(f'portal "{name}" does not exist') from None
+            shown = "cursor" if name else "portal"
+            raise UndefinedCursor(f'{shown} "{name}" does not exist') from None
 
-    def set_portal(self, name: str, statement: PreparedStatement, params: Sequence[Any]) -> None:
-        """Bind a statement and its parameter values to a portal (seed 004's Session::set_portal)."""
+    def set_portal(self, name: str, statement: PreparedStatement, params: Sequence[Any]) -> Portal:
+        """Bind a statement and its parameter values to a portal (seed 004's Session::set_portal).
+        The unnamed portal is replaced; a named one must not exist yet (42P03)."""
         expected = len(statement.description.param_types)
         if len(params) != expected:
             raise ProtocolViolation(
                 f"bind message supplies {len(params)} parameters, but prepared statement requires {expected}")
         if name and name in self.portals:
             raise HeadraceError(f'cursor "{name}" already exists', sqlstate="42P03")
-        self.portals[name] = Portal(statement=statement, params=tuple(params))
+        if not name:
+            self.close_portal("")
+        portal = Portal(statement=statement, params=tuple(params))
+        self.portals[name] = portal
+        return portal
+
+    def close_portal(self, name: str) -> None:
+        portal = self.portals.pop(name, None)
+        if portal is not None:
+            portal.close()
+
+    def close_all_cursors(self) -> None:
+        for name in list(self.portals):
+            self.close_portal(name)
+
+    @property
+    def in_block(self) -> bool:
+        return self.transaction is not TransactionStatus.IDLE
+
+    def begin(self) -> bool:
+        """BEGIN: False (and no change) when a transaction block is already open."""
+        if self.in_block:
+            return False
+        self.transaction = TransactionStatus.IN_BLOCK
+        self._block_variables = dict(self.variables)
+        return True
+
+    def set_variable(self, name: str, value: str, *, local: bool = False) -> None:
+        if local and name not in self._local_saved:
+            self._local_saved[name] = self.variables.get(name)
+        self.variables[name] = value
+
+    def end_transaction(self, *, committed: bool) -> None:
+        """COMMIT or ROLLBACK of the block: SET LOCAL values revert, a ROLLBACK reverts every SET
+        of the block; cursors without HOLD close (and on ROLLBACK those declared in the block)."""
+        for name, value in self._local_saved.items():
+            if value is None:
+                self.variables.pop(name, None)
+            else:
+                self.variables[name] = value
+        self._local_saved.clear()
+        if not committed and self._block_variables is not None:
+            self.variables.clear()
+            self.variables.update(self._block_variables)
+        self._block_variables = None
+        for name, portal in list(self.portals.items()):
+            if not portal.hold or (not committed and portal.declared_in_block):
+                self.close_portal(name)
+            else:
+                portal.declared_in_block = False
+        self.transaction = TransactionStatus.IDLE
 
     def fail_transaction(self) -> None:
         if self.transaction is TransactionStatus.IN_BLOCK:
             self.transaction = TransactionStatus.FAILED
 
     def end_of_batch(self) -> None:
-        """Sync: the unnamed portal goes; an implicit transaction ends."""
-        self.portals.pop("", None)
+        """Sync: the unnamed portal goes. Outside a transaction block the implicit transaction of
+        the batch ends too, and with it every portal that is not a WITH HOLD cursor (PostgreSQL)."""
+        self.close_portal("")
+        if not self.in_block:
+            for name, portal in list(self.portals.items()):
+                if not portal.hold:
+                    self.close_portal(name)
+
+    def reset(self) -> None:
+        """DISCARD ALL: as if the connection were new (outside a transaction block)."""
+        self.close_all_cursors()
+        self.statements.clear()
+        self.variables.clear()
+        self.variables.update(self.session_defaults)
+        self._local_saved.clear()

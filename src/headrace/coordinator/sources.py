@@ -45,7 +45,12 @@ class SourceResources:
         if self.registry.lookup(source.database, source.schema, source.name) is None:
             self.registry.add(source, self.layout.source_log(source))
 
+    def update(self, source: WebhookSource) -> None:
+        """ALTER SOURCE changed the item in place (its WINDOW): the endpoint takes it at once."""
+        self.registry.update(source)
+
     def _ensure_table(self, source: WebhookSource) -> None:
+        """The table's columns come from webhook/rows.py:source_columns (through the binding)."""
         binding = source_binding(source)
         self.store.apply(binding)
         schema, table = binding.resource_path

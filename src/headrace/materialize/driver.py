@@ -1,8 +1,10 @@
 """The driver side of the protocol: a connection loop that owns ordering and staging, around a small Transactor.
 
-As in Estuary's materialize-boilerplate, drivers implement only `Transactor`; `serve_driver_connection` runs the
-loop for every driver:
+As in Estuary's materialize-boilerplate, drivers implement only `Transactor` (and optionally `Connector` for the
+control requests Spec, Validate and Apply); `serve_driver_connection` runs the loop for every driver:
   * every request read and response written passes through TransactionLifecycle;
+  * Spec / Validate / Apply -> connector.spec / validate / apply -> Spec / Validated / Applied (an Error if the
+    driver has no connector);
   * Open -> transactor_factory(open), transactor.open -> Opened;
   * Acknowledge -> transactor.acknowledge() runs in the background (the previous commit is done by then, since
     start_commit commits before returning) and Acknowledged is written when it returns. Acknowledged thus waits
@@ -30,6 +32,8 @@ from headrace.materialize.lifecycle import TransactionLifecycle
 from headrace.materialize.protocol import (
     Acknowledge,
     Acknowledged,
+    Applied,
+    Apply,
     ErrorResponse,
     FencedOff,
     Flush,
@@ -40,9 +44,13 @@ from headrace.materialize.protocol import (
     Opened,
     ProtocolOrderError,
     Response,
+    Spec,
+    SpecResponse,
     StartCommit,
     StartedCommit,
     Store,
+    Validate,
+    Validated,
     from_wire,
     to_wire,
 )
@@ -77,18 +85,30 @@ class Transactor(Protocol):
 TransactorFactory = Callable[[Open], Transactor]
 
 
+class Connector(Protocol):
+    """The control requests of a driver (blocking, called one at a time): describe, validate, create/migrate."""
+
+    def spec(self, spec: Spec) -> SpecResponse: ...
+
+    def validate(self, validate: Validate) -> Validated: ...
+
+    def apply(self, apply: Apply) -> Applied: ...
+
+
 async def serve_driver_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                                  transactor_factory: TransactorFactory, executor: Executor | None = None) -> None:
+                                  transactor_factory: TransactorFactory, executor: Executor | None = None,
+                                  connector: Connector | None = None) -> None:
     """Serve one runtime connection until it closes or fails (see module docstring)."""
-    await _DriverSession(reader, writer, transactor_factory, executor).run()
+    await _DriverSession(reader, writer, transactor_factory, executor, connector).run()
 
 
 async def start_driver_server(host: str, port: int, transactor_factory: TransactorFactory,
-                              executor: Executor | None = None) -> asyncio.Server:
+                              executor: Executor | None = None,
+                              connector: Connector | None = None) -> asyncio.Server:
     """Listen for runtimes; executor None uses the event loop's default executor."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await serve_driver_connection(reader, writer, transactor_factory, executor)
+        await serve_driver_connection(reader, writer, transactor_factory, executor, connector)
 
     return await asyncio.start_server(handle, host, port)
 
@@ -97,7 +117,9 @@ class _DriverSession:
     """State of one connection: lifecycle, transactor, staged Loads/Stores, background acknowledgement."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 transactor_factory: TransactorFactory, executor: Executor | None) -> None:
+                 transactor_factory: TransactorFactory, executor: Executor | None,
+                 connector: Connector | None = None) -> None:
+        self._connector = connector
         self._reader = reader
         self._writer = writer
         self._factory = transactor_factory
@@ -132,7 +154,8 @@ class _DriverSession:
             await self._shut_down()
 
     async def _dispatch(self, request: Any) -> None:
-        if isinstance(request, (Opened, Acknowledged, Loaded, Flushed, StartedCommit, ErrorResponse)):
+        if isinstance(request, (Opened, Acknowledged, Loaded, Flushed, StartedCommit, ErrorResponse, SpecResponse,
+                                Validated, Applied)):
             raise ProtocolOrderError(f"runtime sent a response ({type(request).__name__}) instead of a request")
         self._lifecycle.on_request(request)
         kind = type(request)
@@ -154,6 +177,12 @@ class _DriverSession:
             self._transactor = await self._call(self._factory, request)
             opened = await self._call(self._transactor.open, request)
             await self._respond([opened])
+        elif isinstance(request, (Spec, Validate, Apply)):
+            if self._connector is None:
+                raise ProtocolOrderError(f"this driver does not implement {request.TYPE}")
+            handler = {Spec: self._connector.spec, Validate: self._connector.validate,
+                       Apply: self._connector.apply}[type(request)]
+            await self._respond([await self._call(handler, request)])
 
     async def _acknowledge(self) -> None:
         """Background: acknowledge the previous commit while the runtime keeps sending Loads (staged)."""

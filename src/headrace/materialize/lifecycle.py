@@ -5,7 +5,9 @@ Both sides use it: the runtime calls `on_request` before sending and `on_respons
 offending message and the one it should have followed, and leaves the machine unchanged.
 
 Rules (request stream, response stream, and the cross-stream rules that tie them):
-  Open first, once; Opened follows Open, once.
+  Control requests (Spec, Validate, Apply) come before Open, any number, each answered (Spec, Validated,
+    Applied) before the next request.
+  Open first after those, once; Opened follows Open, once.
   Acknowledge follows Open | StartCommit, and only once Opened | StartedCommit was received (the runtime can
     only acknowledge a commit that it started and recorded).
   Load follows Acknowledge | Load; a key at most once per transaction; never for a delta-updates binding.
@@ -24,6 +26,8 @@ from collections.abc import Hashable
 from headrace.materialize.protocol import (
     Acknowledge,
     Acknowledged,
+    Applied,
+    Apply,
     ErrorResponse,
     Flush,
     Flushed,
@@ -34,11 +38,19 @@ from headrace.materialize.protocol import (
     ProtocolOrderError,
     Request,
     Response,
+    Spec,
+    SpecResponse,
     StartCommit,
     StartedCommit,
     Store,
+    Validate,
+    Validated,
     key_identity,
 )
+
+# Each control request and the response that answers it.
+_CONTROL_ANSWERS: dict[type, type] = {Spec: SpecResponse, Validate: Validated, Apply: Applied}
+_CONTROL_RESPONSES = {response: request for request, response in _CONTROL_ANSWERS.items()}
 
 _REQUEST_FOLLOWS: dict[type, tuple[type, ...]] = {
     Acknowledge: (Open, StartCommit),
@@ -56,6 +68,8 @@ _RESPONSE_FOLLOWS: dict[type, tuple[type, ...]] = {
 
 
 def _name(kind: type | None) -> str:
+    if kind is SpecResponse:
+        return "Spec (response)"
     return "nothing" if kind is None else kind.__name__
 
 
@@ -83,12 +97,13 @@ class TransactionLifecycle:
 
     def on_request(self, msg: Request) -> None:
         kind = type(msg)
-        if kind is Open:
-            if self._last_request is not None:
-                raise ProtocolOrderError(f"Open must be the first request, but follows {_name(self._last_request)}")
-            assert isinstance(msg, Open)
-            self._delta_updates = tuple(b.delta_updates for b in msg.spec.bindings)
-            self._last_request = Open
+        if kind in _CONTROL_ANSWERS or kind is Open:
+            self._check_before_open(kind)
+            if kind is Open:
+                assert isinstance(msg, Open)
+                self._delta_updates = tuple(b.delta_updates for b in msg.spec.bindings)
+            self._last_response = None  # each control pair, and then the transactions, start afresh
+            self._last_request = kind
             return
         allowed = _REQUEST_FOLLOWS.get(kind)
         if allowed is None:
@@ -122,6 +137,14 @@ class TransactionLifecycle:
         kind = type(msg)
         if kind is ErrorResponse:
             return  # an error may come at any time; the connection ends with it
+        if kind in _CONTROL_RESPONSES:
+            request = _CONTROL_RESPONSES[kind]
+            if self._last_request is not request or self._last_response is kind:
+                raise ProtocolOrderError(f"{_name(kind)} must answer {request.__name__}, but the last request "
+                                         f"is {_name(self._last_request)}"
+                                         + (" (already answered)" if self._last_response is kind else ""))
+            self._last_response = kind
+            return
         if kind is Opened:
             if self._last_response is not None:
                 raise ProtocolOrderError(f"Opened must be the first response, but follows "
@@ -156,6 +179,17 @@ class TransactionLifecycle:
                 raise ProtocolOrderError(f"StartedCommit sent before StartCommit was received "
                                          f"(last request: {_name(self._last_request)})")
         self._last_response = kind
+
+    def _check_before_open(self, kind: type) -> None:
+        last = self._last_request
+        if last is None:
+            return
+        if last not in _CONTROL_ANSWERS:
+            what = "Open" if kind is Open else f"{kind.__name__} (a control request)"
+            raise ProtocolOrderError(f"{what} must be the first request, but follows {_name(last)}")
+        if self._last_response is not _CONTROL_ANSWERS[last]:
+            raise ProtocolOrderError(f"{kind.__name__} sent before {_name(_CONTROL_ANSWERS[last])} answered "
+                                     f"{last.__name__}")
 
     def _check_acknowledge(self) -> None:
         if self._last_request is Open and self._last_response is None:

@@ -1,8 +1,12 @@
-"""Messages of the materialization protocol, after Flow's materialize.proto (simplified).
+"""Messages of the materialization protocol, after Flow's materialize.proto.
 
 The Runtime sends requests named in the imperative (Load), the Driver answers in the past tense (Loaded).
 Messages are plain frozen dataclasses; `to_wire` / `from_wire` turn them into JSON-able dicts carrying a
 "type" field, so every transport (TCP frames now, gRPC later) shares one codec.
+
+Control requests come before Open, each answered before the next: Spec -> Spec (SpecResponse here; both carry
+wire type "Spec", the response is told apart by its `protocol` field), Validate -> Validated (per binding,
+a FieldConstraint for every field of the collection), Apply -> Applied. Then Open starts the transactions.
 
 Values in keys, values and docs are JSON-able. Per column type: JSON holds any JSON value, TIMESTAMPTZ an int of
 microseconds since the epoch (UTC), VARCHAR a str, BIGINT/INTEGER an int, DOUBLE a float, BOOLEAN a bool.
@@ -15,7 +19,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
-from headrace.errors import InternalError, ProtocolViolation
+from headrace.errors import InternalError, InvalidParameterValue, ProtocolViolation
+from headrace.materialize.recovery import apply_merge_patch
 
 # ---------------------------------------------------------------------------------------------- errors
 
@@ -34,6 +39,10 @@ class FencedOff(DriverError):
 
 class ProtocolOrderError(ProtocolViolation):
     """A message arrived out of the order the protocol allows (a bug on one side, never user input)."""
+
+
+class InvalidFieldSelection(InvalidParameterValue):
+    """A spec selects a field the driver forbids or cannot store, or omits a field it requires."""
 
 
 # ---------------------------------------------------------------------------------------------- spec
@@ -66,6 +75,125 @@ class StateUpdate:
 
     updated: dict[str, Any]
     merge_patch: bool
+
+
+# ---------------------------------------------------------------------------------------------- control
+
+PROTOCOL_VERSION = 3032023  # Flow's materialize protocol number, echoed by Spec responses
+
+# Field constraints a driver answers in Validated, after Flow's Response.Validated.Constraint.Type.
+FIELD_REQUIRED = "FIELD_REQUIRED"  # this field must be selected
+LOCATION_REQUIRED = "LOCATION_REQUIRED"  # the field's location must be selected (headrace: the field itself)
+LOCATION_RECOMMENDED = "LOCATION_RECOMMENDED"  # selected by default
+FIELD_OPTIONAL = "FIELD_OPTIONAL"  # may be selected
+FIELD_FORBIDDEN = "FIELD_FORBIDDEN"  # must not be selected (e.g. a name the store reserves)
+INCOMPATIBLE = "INCOMPATIBLE"  # cannot be stored (type unsupported, or an existing column of another type)
+CONSTRAINT_TYPES = (FIELD_REQUIRED, LOCATION_REQUIRED, LOCATION_RECOMMENDED, FIELD_OPTIONAL, FIELD_FORBIDDEN,
+                    INCOMPATIBLE)
+_MUST_SELECT = (FIELD_REQUIRED, LOCATION_REQUIRED)
+_MUST_NOT_SELECT = (FIELD_FORBIDDEN, INCOMPATIBLE)
+
+
+@dataclass(frozen=True, slots=True)
+class FieldConstraint:
+    type: str  # one of CONSTRAINT_TYPES
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ValidateBinding:
+    """A proposed binding: the collection's key and every field it offers (name -> DuckDB type name)."""
+
+    resource_path: tuple[str, ...]
+    key: tuple[str, ...]
+    fields: dict[str, str]
+    delta_updates: bool = False
+    backfill: int = 0  # bumped to ask for the resource to be rebuilt
+
+
+@dataclass(frozen=True, slots=True)
+class ValidatedBinding:
+    resource_path: tuple[str, ...]
+    constraints: dict[str, FieldConstraint]
+    delta_updates: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    TYPE: ClassVar[str] = "Spec"
+    connector_type: str = "headrace"
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecResponse:
+    """Response.Spec: the driver's protocol and the JSON schemas of its endpoint and resource configs."""
+
+    TYPE: ClassVar[str] = "Spec"
+    protocol: int
+    config_schema: dict[str, Any]
+    resource_config_schema: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Validate:
+    TYPE: ClassVar[str] = "Validate"
+    name: str
+    bindings: tuple[ValidateBinding, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Validated:
+    TYPE: ClassVar[str] = "Validated"
+    bindings: tuple[ValidatedBinding, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Apply:
+    """Create or migrate the spec's resources; idempotent. last_materialization: the spec applied before."""
+
+    TYPE: ClassVar[str] = "Apply"
+    materialization: MaterializationSpec
+    version: str = ""
+    last_materialization: MaterializationSpec | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    TYPE: ClassVar[str] = "Applied"
+    action_description: str
+    state: StateUpdate | None = None
+
+
+def validate_binding_of(binding: Binding) -> ValidateBinding:
+    """The Validate proposal for a binding whose collection offers exactly its selected columns."""
+    return ValidateBinding(binding.resource_path, binding.key, dict(binding.column_types), binding.delta_updates)
+
+
+def check_field_selection(spec: MaterializationSpec, validated: Validated) -> None:
+    """Refuse a spec that selects a forbidden or incompatible field, or omits a required one (every problem of
+    every binding in one InvalidFieldSelection)."""
+    if len(validated.bindings) != len(spec.bindings):
+        raise InvalidFieldSelection(f"the driver validated {len(validated.bindings)} bindings of "
+                                    f"{spec.name}, the spec has {len(spec.bindings)}")
+    problems: list[str] = []
+    for binding, answer in zip(spec.bindings, validated.bindings):
+        table = ".".join(binding.resource_path)
+        selected = set(binding.columns)
+        for name in binding.columns:
+            constraint = answer.constraints.get(name)
+            if constraint is None:
+                problems.append(f"{table}: field {name!r} is not a field of the collection")
+            elif constraint.type in _MUST_NOT_SELECT:
+                problems.append(f"{table}: field {name!r} is selected but {constraint.type} ({constraint.reason})")
+        for name, constraint in answer.constraints.items():
+            if constraint.type in _MUST_SELECT and name not in selected:
+                problems.append(f"{table}: field {name!r} is {constraint.type} but not selected "
+                                f"({constraint.reason})")
+    if problems:
+        raise InvalidFieldSelection(f"materialization {spec.name} selects fields its driver refuses: "
+                                    + "; ".join(problems))
 
 
 # ---------------------------------------------------------------------------------------------- requests
@@ -160,8 +288,10 @@ class ErrorResponse:
     fenced_off: bool = False
 
 
-Request: TypeAlias = Open | Acknowledge | Load | Flush | Store | StartCommit
-Response: TypeAlias = Opened | Acknowledged | Loaded | Flushed | StartedCommit | ErrorResponse
+Request: TypeAlias = Spec | Validate | Apply | Open | Acknowledge | Load | Flush | Store | StartCommit
+Response: TypeAlias = (SpecResponse | Validated | Applied | Opened | Acknowledged | Loaded | Flushed | StartedCommit
+                       | ErrorResponse)
+REQUEST_TYPES: tuple[type, ...] = (Spec, Validate, Apply, Open, Acknowledge, Load, Flush, Store, StartCommit)
 Message: TypeAlias = Request | Response
 
 # ---------------------------------------------------------------------------------------------- codec
@@ -195,6 +325,59 @@ def _spec_from_wire(d: dict[str, Any]) -> MaterializationSpec:
     return MaterializationSpec(name=d["name"], bindings=bindings)
 
 
+def _control_to_wire(msg: Message) -> dict[str, Any] | None:
+    if isinstance(msg, Spec):
+        return {"type": "Spec", "connector_type": msg.connector_type, "config": msg.config}
+    if isinstance(msg, SpecResponse):
+        return {"type": "Spec", "protocol": msg.protocol, "config_schema": msg.config_schema,
+                "resource_config_schema": msg.resource_config_schema}
+    if isinstance(msg, Validate):
+        return {"type": "Validate", "name": msg.name, "bindings": [
+            {"resource_path": list(b.resource_path), "key": list(b.key), "fields": b.fields,
+             "delta_updates": b.delta_updates, "backfill": b.backfill} for b in msg.bindings]}
+    if isinstance(msg, Validated):
+        return {"type": "Validated", "bindings": [
+            {"resource_path": list(b.resource_path), "delta_updates": b.delta_updates,
+             "constraints": {name: {"type": c.type, "reason": c.reason} for name, c in b.constraints.items()}}
+            for b in msg.bindings]}
+    if isinstance(msg, Apply):
+        last = msg.last_materialization
+        return {"type": "Apply", "materialization": _spec_to_wire(msg.materialization), "version": msg.version,
+                "last_materialization": None if last is None else _spec_to_wire(last), "state": msg.state}
+    if isinstance(msg, Applied):
+        return {"type": "Applied", "action_description": msg.action_description,
+                "state": _state_to_wire(msg.state)}
+    return None
+
+
+def _control_from_wire(kind: str, d: dict[str, Any]) -> Message | None:
+    if kind == "Spec":
+        if "protocol" in d:
+            return SpecResponse(protocol=int(d["protocol"]), config_schema=d.get("config_schema") or {},
+                                resource_config_schema=d.get("resource_config_schema") or {})
+        return Spec(connector_type=d.get("connector_type", "headrace"), config=d.get("config") or {})
+    if kind == "Validate":
+        return Validate(name=d["name"], bindings=tuple(
+            ValidateBinding(tuple(b["resource_path"]), tuple(b["key"]), dict(b["fields"]),
+                            bool(b.get("delta_updates", False)), int(b.get("backfill", 0)))
+            for b in d["bindings"]))
+    if kind == "Validated":
+        return Validated(bindings=tuple(
+            ValidatedBinding(tuple(b["resource_path"]),
+                             {name: FieldConstraint(c["type"], c.get("reason", ""))
+                              for name, c in b["constraints"].items()},
+                             bool(b.get("delta_updates", False)))
+            for b in d["bindings"]))
+    if kind == "Apply":
+        last = d.get("last_materialization")
+        return Apply(materialization=_spec_from_wire(d["materialization"]), version=d.get("version", ""),
+                     last_materialization=None if last is None else _spec_from_wire(last),
+                     state=d.get("state") or {})
+    if kind == "Applied":
+        return Applied(action_description=d.get("action_description", ""), state=_state_from_wire(d.get("state")))
+    return None
+
+
 def to_wire(msg: Message) -> dict[str, Any]:
     """The JSON-able dict form of a message. Hot-path messages are spelled out rather than reflected (speed)."""
     if isinstance(msg, Load):
@@ -217,6 +400,9 @@ def to_wire(msg: Message) -> dict[str, Any]:
         return {"type": msg.TYPE}
     if isinstance(msg, ErrorResponse):
         return {"type": "Error", "message": msg.message, "fenced_off": msg.fenced_off}
+    control = _control_to_wire(msg)
+    if control is not None:
+        return control
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
@@ -250,7 +436,10 @@ def from_wire(d: dict[str, Any]) -> Message:
             return Flush()
         if kind == "Error":
             return ErrorResponse(message=str(d["message"]), fenced_off=bool(d.get("fenced_off", False)))
-    except (KeyError, TypeError) as exc:
+        control = _control_from_wire(kind, d)
+        if control is not None:
+            return control
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolViolation(f"malformed {d.get('type', 'untyped') if isinstance(d, dict) else ''} "
                                 f"message: {exc!r}") from exc
     raise ProtocolViolation(f"unknown message type {kind!r}")
@@ -280,17 +469,5 @@ def apply_state_update(state: dict[str, Any], update: StateUpdate | None) -> dic
         return state
     if not update.merge_patch:
         return dict(update.updated)
-    merged: dict[str, Any] = _merge_patch(state, update.updated)  # a dict patch always yields a dict
-    return merged
-
-
-def _merge_patch(target: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict):
-        return patch
-    result = dict(target) if isinstance(target, dict) else {}
-    for name, value in patch.items():
-        if value is None:
-            result.pop(name, None)
-        else:
-            result[name] = _merge_patch(result.get(name), value)
-    return result
+    patched = apply_merge_patch(state, update.updated)
+    return patched if isinstance(patched, dict) else {}  # driver state is always an object

@@ -2,8 +2,12 @@
 
 Contract (one `Runtime` per materialization key range per connection):
 
+  spec() / validate() / apply(), before open(): the control requests. validate() refuses (InvalidFieldSelection)
+      a spec selecting a field the driver forbids or cannot store, or omitting one it requires.
   open(driver_state) -> runtime checkpoint held by the driver, or None (use your own recovery log), or {}
       (explicit zero: rebuild from scratch). Opening fences off every earlier runtime of the same range.
+      With a `recovery_log` (drivers that are not remote-authoritative), open() sends the log's driver state and
+      returns the log's checkpoint when the driver holds none; {} from the driver resets the log.
   transact(documents, checkpoint) runs one transaction:
       1. Acknowledge (unless `acknowledge()` already sent it): the previous transaction is committed to the
          caller's recovery log (for Spark: the previous foreachBatch returned and Spark recorded it).
@@ -11,8 +15,11 @@ Contract (one `Runtime` per materialization key range per connection):
       3. Await Acknowledged: the driver's previous commit is done, so loads are read-committed.
       4. Flush; collect Loaded until Flushed.
       5. Reduce: documents of one key are combined in arrival order by the binding's reducer, then the loaded
-         document (if any) is reduced with that combination. Store each key once, exists = it was loaded.
-      6. StartCommit(checkpoint); await StartedCommit.
+         document (if any) is reduced with that combination. Store each key once, exists = it was loaded;
+         a reduced document marked deleted (`{"_meta": {"op": "d"}}`, Flow's convention) is a Store with
+         delete=True, or nothing if the key was not stored. Delta-updates bindings store this transaction's
+         combination only (never loaded).
+      6. StartCommit(checkpoint); await StartedCommit; with a recovery log, commit checkpoint + driver state.
   What is durable when transact returns: with a remote-authoritative driver (the serving store), the documents
   and `checkpoint` committed together in the driver's store. With recovery-log drivers, the driver's effects are
   durable only once the caller commits its own log and the next Acknowledge reaches the driver.
@@ -23,15 +30,17 @@ Any failure (driver Error, FencedOff, ordering violation, lost connection) poiso
 a new one, and replay from the checkpoint that open() returns. Recovery after a crash between the driver's commit
 and the caller's log commit is the caller's: compare the batch with open()'s checkpoint and skip what it covers.
 
-Pipelining hook: `_begin` (steps 1-2) needs nothing from the driver, `_finish` (3-6) does. A pipelined caller
-can run `_begin` of batch N+1 while batch N's commit is in flight, with no change to drivers: they already
-stage Loads until their commit completes (see driver.py).
+Pipelining: `PipelinedRuntime` runs transactions back to back on a committer thread while producers `feed()`
+documents: whatever arrives while a commit is in flight is combined into the next transaction, whose Acknowledge
+and Loads go out before the driver's Acknowledged (drivers stage Loads until their commit completes).
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+import itertools
+import threading
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -40,6 +49,8 @@ from headrace.materialize.lifecycle import TransactionLifecycle
 from headrace.materialize.protocol import (
     Acknowledge,
     Acknowledged,
+    Applied,
+    Apply,
     DriverError,
     ErrorResponse,
     FencedOff,
@@ -49,19 +60,28 @@ from headrace.materialize.protocol import (
     Loaded,
     MaterializationError,
     MaterializationSpec,
+    REQUEST_TYPES,
     Open,
     Opened,
     ProtocolOrderError,
     Request,
     Response,
+    Spec,
+    SpecResponse,
     StartCommit,
     StartedCommit,
     Store,
+    ValidateBinding,
+    Validate,
+    Validated,
     apply_state_update,
+    check_field_selection,
     from_wire,
     key_identity,
     to_wire,
+    validate_binding_of,
 )
+from headrace.materialize.recovery import RecoveryLog
 from headrace.materialize.reduce import Reducer, combine_lww
 from headrace.materialize.transport import FrameSocket
 
@@ -81,6 +101,12 @@ def _cyclic_gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def is_deletion(doc: Document) -> bool:
+    """Flow's deletion convention: a reduced document whose `_meta.op` is "d" removes its key."""
+    meta = doc.get("_meta")
+    return type(meta) is dict and meta.get("op") == "d"
 
 
 def _driver_error(response: ErrorResponse) -> DriverError:
@@ -108,7 +134,7 @@ class RpcDriverConnection:
 
     def recv(self) -> Response:
         msg = from_wire(self._socket.recv())
-        if isinstance(msg, (Open, Acknowledge, Load, Flush, Store, StartCommit)):
+        if isinstance(msg, REQUEST_TYPES):
             raise ProtocolOrderError(f"driver sent a request ({type(msg).__name__}) instead of a response")
         return msg
 
@@ -123,13 +149,15 @@ class _Transaction:
     # key identity -> [binding, key, combined document]
     combined: dict[Hashable, list[Any]] = field(default_factory=dict)
     loaded: dict[Hashable, Document] = field(default_factory=dict)
+    loads_sent: int = 0  # entries of `combined` (in insertion order) whose Load was sent or is not needed
 
 
 class Runtime:
     """The runtime side of the protocol for one materialization and key range. Not thread-safe."""
 
     def __init__(self, driver: DriverConnection, spec: MaterializationSpec, key_begin: int = 0,
-                 key_end: int = 0xFFFFFFFF, reducers: Sequence[Reducer] | None = None) -> None:
+                 key_end: int = 0xFFFFFFFF, reducers: Sequence[Reducer] | None = None,
+                 recovery_log: RecoveryLog | None = None) -> None:
         if reducers is not None and len(reducers) != len(spec.bindings):
             raise ValueError(f"{len(reducers)} reducers given for {len(spec.bindings)} bindings")
         self._driver = driver
@@ -138,6 +166,8 @@ class Runtime:
         self.key_end = key_end
         # Each binding's reducer comes from its collection's reduction annotations; lastWriteWins by default.
         self._reducers: tuple[Reducer, ...] = tuple(reducers or [combine_lww] * len(spec.bindings))
+        self._delta = [b.delta_updates for b in spec.bindings]
+        self.recovery_log = recovery_log
         self._lifecycle = TransactionLifecycle()
         self._failure: BaseException | None = None
         self._opened = False
@@ -148,17 +178,47 @@ class Runtime:
 
     # ------------------------------------------------------------------------------------------ public
 
+    def spec_of_driver(self) -> SpecResponse:
+        """Spec: the driver's protocol and config schemas (before open)."""
+        return self._control(Spec(), SpecResponse)  # type: ignore[return-value]
+
+    def validate(self, bindings: Sequence[ValidateBinding] | None = None) -> Validated:
+        """Validate the spec's bindings (by default each offering exactly its selected columns) and refuse the
+        spec if it selects a forbidden or incompatible field or omits a required one (InvalidFieldSelection)."""
+        proposals = tuple(bindings) if bindings is not None else tuple(validate_binding_of(b)
+                                                                        for b in self.spec.bindings)
+        validated = self._control(Validate(self.spec.name, proposals), Validated)
+        assert isinstance(validated, Validated)
+        check_field_selection(self.spec, validated)
+        return validated
+
+    def apply(self, last_spec: MaterializationSpec | None = None, version: str = "") -> Applied:
+        """Apply: create or migrate the spec's resources (idempotent; before open)."""
+        applied = self._control(Apply(self.spec, version, last_spec, dict(self.driver_state)), Applied)
+        assert isinstance(applied, Applied)
+        self.driver_state = apply_state_update(self.driver_state, applied.state)
+        return applied
+
     def open(self, driver_state: dict[str, Any] | None = None) -> dict[str, Any] | None:
-        """Open the transactions RPC; returns the driver-held runtime checkpoint (see module docstring)."""
+        """Open the transactions RPC; returns the runtime checkpoint to resume from (see module docstring)."""
         if self._opened:
             raise MaterializationError("runtime is already open")
         self._opened = True
+        log = self.recovery_log
+        if driver_state is None and log is not None:
+            driver_state = log.state.driver_state
         self.driver_state = dict(driver_state or {})
         with self._failing_permanently():
             self._send([Open(self.spec, self.key_begin, self.key_end, self.driver_state)])
             opened = self._expect(Opened)
             assert isinstance(opened, Opened)
-            return opened.runtime_checkpoint
+            checkpoint = opened.runtime_checkpoint
+            if log is not None:
+                if checkpoint == {}:  # the explicit zero checkpoint: rebuild from scratch
+                    log.rebuild()
+                elif checkpoint is None:
+                    checkpoint = log.state.runtime_checkpoint
+            return checkpoint
 
     def acknowledge(self) -> None:
         """Tell the driver the last transaction is committed to the caller's recovery log (at most once).
@@ -174,8 +234,19 @@ class Runtime:
         """Run one transaction of (binding index, key, document) triples that commits `runtime_checkpoint`."""
         self._check_usable()
         with self._failing_permanently(), _cyclic_gc_paused():
-            txn = self._begin(documents)
+            txn = _Transaction()
+            self._combine_into(txn, documents)
+            self._send_acknowledge()
+            self._send_loads(self._new_loads(txn))
             self._finish(txn, runtime_checkpoint)
+
+    def wait_acknowledged(self) -> None:
+        """Acknowledge (if not yet sent) and wait for the driver's Acknowledged: its previous commit is done (for
+        recovery-log drivers: applied), and its non-transactional state is recorded in the recovery log."""
+        self._check_usable()
+        with self._failing_permanently():
+            self._send_acknowledge()
+            self._await_acknowledged()
 
     def close(self) -> None:
         """Drop the connection. A transaction in flight is abandoned (the driver rolls it back)."""
@@ -184,11 +255,11 @@ class Runtime:
 
     # ------------------------------------------------------------------------------------------ phases
 
-    def _begin(self, documents: Iterable[tuple[int, list[Any], Document]]) -> _Transaction:
-        """Steps 1-2: combine documents per key, Acknowledge, send Loads. Waits for nothing."""
-        txn = _Transaction()
+    def _combine_into(self, txn: _Transaction, documents: Iterable[tuple[int, list[Any], Document]]) -> None:
+        """Step 1 (pure): combine documents per key into `txn`, in arrival order."""
         combined = txn.combined
-        binding_count = len(self.spec.bindings)
+        reducers = self._reducers
+        binding_count = len(reducers)
         for binding, key, doc in documents:
             if not 0 <= binding < binding_count:
                 raise MaterializationError(f"document names binding {binding}, spec has {binding_count}")
@@ -197,19 +268,30 @@ class Runtime:
             if entry is None:
                 combined[identity] = [binding, key, doc]
             else:
-                entry[2] = self._reducers[binding](entry[2], doc)
-        self._send_acknowledge()
-        delta = [b.delta_updates for b in self.spec.bindings]
-        loads: list[Request] = [Load(binding, key) for binding, key, _ in combined.values() if not delta[binding]]
+                entry[2] = reducers[binding](entry[2], doc)
+
+    def _new_loads(self, txn: _Transaction) -> list[Request]:
+        """Loads for the keys combined into `txn` since the last call (delta-updates bindings are never loaded)."""
+        delta = self._delta
+        entries = itertools.islice(txn.combined.values(), txn.loads_sent, None)
+        loads: list[Request] = [Load(binding, key) for binding, key, _ in entries if not delta[binding]]
+        txn.loads_sent = len(txn.combined)
+        return loads
+
+    def _send_loads(self, loads: list[Request]) -> None:
         for start in range(0, len(loads), SEND_BATCH):
             self._send(loads[start:start + SEND_BATCH])
-        return txn
 
-    def _finish(self, txn: _Transaction, runtime_checkpoint: dict[str, Any]) -> None:
-        """Steps 3-6: await the previous commit, flush loads, store reduced documents, commit."""
+    def _await_acknowledged(self) -> None:
         while not self._acknowledged:
             self._expect(Acknowledged)
             self._acknowledged = True
+            if self.recovery_log is not None:
+                self.recovery_log.update_driver_state(self.driver_state)
+
+    def _finish(self, txn: _Transaction, runtime_checkpoint: dict[str, Any]) -> None:
+        """Steps 3-6: await the previous commit, flush loads, store reduced documents, commit."""
+        self._await_acknowledged()
         self._send([Flush()])
         while True:
             response = self._recv()
@@ -221,6 +303,8 @@ class Runtime:
         self._send_stores(txn)
         self._send([StartCommit(runtime_checkpoint)])
         self._expect(StartedCommit)
+        if self.recovery_log is not None:  # the checkpoint and StartedCommit's driver state, atomically
+            self.recovery_log.commit(runtime_checkpoint, self.driver_state)
         # The next transaction starts: its Acknowledge is unsent and the driver's Acknowledged is pending.
         self._acknowledge_sent = False
         self._acknowledged = False
@@ -234,7 +318,12 @@ class Runtime:
             if loaded is not None:
                 doc = self._reducers[binding](loaded, doc)
             values = [doc.get(name) for name in bindings[binding].values]
-            batch.append(Store(binding, key, values, doc, exists=loaded is not None))
+            if "_meta" in doc and is_deletion(doc):
+                if loaded is None and not self._delta[binding]:
+                    continue  # deleting a key the store does not hold: nothing to do
+                batch.append(Store(binding, key, values, doc, exists=loaded is not None, delete=True))
+            else:
+                batch.append(Store(binding, key, values, doc, exists=loaded is not None))
             if len(batch) >= SEND_BATCH:
                 self._send(batch)
                 batch = []
@@ -242,6 +331,14 @@ class Runtime:
             self._send(batch)
 
     # ------------------------------------------------------------------------------------------ plumbing
+
+    def _control(self, request: Request, answer: type) -> Response:
+        if self._opened:
+            raise MaterializationError(f"{type(request).__name__} must come before open()")
+        self._check_not_failed()
+        with self._failing_permanently():
+            self._send([request])
+            return self._expect(answer)
 
     def _send_acknowledge(self) -> None:
         if not self._acknowledge_sent:
@@ -279,10 +376,13 @@ class Runtime:
             raise ProtocolOrderError(f"expected {kind.__name__}, got {type(response).__name__}")
         return response
 
-    def _check_usable(self) -> None:
+    def _check_not_failed(self) -> None:
         if self._failure is not None:
             raise MaterializationError(f"runtime of {self.spec.name} is unusable after an earlier failure "
                                        f"({self._failure}); open a new one") from self._failure
+
+    def _check_usable(self) -> None:
+        self._check_not_failed()
         if not self._opened:
             raise MaterializationError("runtime is not open: call open() first")
 
@@ -297,3 +397,103 @@ class Runtime:
                 with suppress(OSError):  # the connection may be gone already; the original error matters
                     self._driver.close()
             raise
+
+
+class PipelinedRuntime:
+    """Runs an open Runtime's transactions back to back on a committer thread, fed by producer threads.
+
+    `feed(documents, checkpoint)` combines documents into the pending transaction at once and returns a ticket;
+    `wait(ticket)` returns once the transaction holding them committed. The committer's loop, per transaction:
+      1. wait for pending documents; Acknowledge; Load the keys combined so far (before Acknowledged);
+      2. await Acknowledged (the driver's previous commit), while producers keep feeding the same transaction;
+      3. close it: Loads of the keys that arrived meanwhile, Flush, Loaded, Store, StartCommit, StartedCommit.
+    Documents fed during steps 2-3 of one transaction therefore join the next: under back-pressure (a slow
+    commit) transactions grow instead of queueing. The pending transaction is bounded: `feed` blocks while it
+    holds `max_pending_keys` keys. The checkpoint of a transaction is the last one fed into it.
+    A failure ends the committer; `feed` and `wait` then raise it."""
+
+    def __init__(self, runtime: Runtime, max_pending_keys: int = 500_000) -> None:
+        self.runtime = runtime
+        self.max_pending_keys = max_pending_keys
+        self.transaction_sizes: list[int] = []  # keys per committed transaction (observability, tests)
+        self._condition = threading.Condition()
+        self._pending = _Transaction()
+        self._pending_checkpoint: dict[str, Any] | None = None
+        self._fed_ticket = 0  # the ticket of the newest feed
+        self._committed_ticket = 0  # every feed up to this ticket is committed
+        self._closing = False
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._commit_loop, name=f"committer-{runtime.spec.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def feed(self, documents: Iterable[tuple[int, list[Any], Document]], runtime_checkpoint: dict[str, Any]) -> int:
+        """Combine `documents` into the pending transaction; returns the ticket to `wait` for."""
+        batch = list(documents)  # outside the lock: a generator may be slow
+        with self._condition:
+            while (len(self._pending.combined) >= self.max_pending_keys and self._failure is None
+                   and not self._closing):
+                self._condition.wait()
+            self._raise_failure()
+            if self._closing:
+                raise MaterializationError("pipelined runtime is closing")
+            self.runtime._combine_into(self._pending, batch)
+            self._pending_checkpoint = runtime_checkpoint
+            self._fed_ticket += 1
+            self._condition.notify_all()
+            return self._fed_ticket
+
+    def wait(self, ticket: int, timeout: float | None = None) -> None:
+        """Block until the transaction holding `ticket` committed (TimeoutError after `timeout` seconds)."""
+        with self._condition:
+            if not self._condition.wait_for(lambda: self._committed_ticket >= ticket or self._failure is not None,
+                                            timeout):
+                raise TimeoutError(f"ticket {ticket} not committed within {timeout} s")
+            if self._committed_ticket < ticket:
+                self._raise_failure()
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Commit what is pending, stop the committer and close the runtime."""
+        with self._condition:
+            self._closing = True
+            self._condition.notify_all()
+        self._thread.join(timeout)
+        self.runtime.close()
+        with self._condition:
+            self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise MaterializationError(f"pipelined runtime of {self.runtime.spec.name} failed: "
+                                       f"{self._failure}") from self._failure
+
+    def _commit_loop(self) -> None:
+        runtime = self.runtime
+        try:
+            while True:
+                with self._condition:
+                    self._condition.wait_for(lambda: self._fed_ticket > self._committed_ticket or self._closing)
+                    if self._fed_ticket == self._committed_ticket:
+                        return  # closing with nothing pending
+                    early_loads = runtime._new_loads(self._pending)
+                with runtime._failing_permanently():
+                    runtime._send_acknowledge()
+                    runtime._send_loads(early_loads)
+                    runtime._await_acknowledged()  # meanwhile, feed() keeps growing the pending transaction
+                with self._condition:
+                    txn, self._pending = self._pending, _Transaction()
+                    checkpoint, ticket = self._pending_checkpoint, self._fed_ticket
+                    late_loads = runtime._new_loads(txn)
+                    self._condition.notify_all()  # feeders blocked on a full transaction may go on
+                assert checkpoint is not None
+                with runtime._failing_permanently(), _cyclic_gc_paused():
+                    runtime._send_loads(late_loads)
+                    runtime._finish(txn, checkpoint)
+                with self._condition:
+                    self.transaction_sizes.append(len(txn.combined))
+                    self._committed_ticket = ticket
+                    self._condition.notify_all()
+        except BaseException as exc:
+            with self._condition:
+                self._failure = exc
+                self._condition.notify_all()

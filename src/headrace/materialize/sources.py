@@ -18,17 +18,28 @@ SOURCE_COLUMN_TYPES = {
 
 
 def source_binding(source: WebhookSource) -> Binding:
-    """Idempotent sources are keyed by their idempotency key (the upsert envelope of seed 002);
-    the others by the log offset, which is unique per accepted request."""
-    key = ("idempotency_key",) if source.idempotent_expr is not None else ("log_offset",)
-    values = tuple(column for column in (*source.column_names(), "log_offset") if column not in key)
-    columns = (*key, *values)
+    """Every source is keyed by the log offset of each row (unique and increasing). Idempotency is
+    decided at ingest: a row that supersedes an earlier one of the same key (seed 002's upsert)
+    reaches the pipeline as a replacement naming the earlier row's offset, which becomes a deletion
+    of that key and a store of the new one. So no index on the idempotency key is needed."""
+    key = ("log_offset",)
+    values = tuple(source.column_names())
+    column_types = {"log_offset": SOURCE_COLUMN_TYPES["log_offset"], **_value_types(source)}
     return Binding(
         resource_path=("headrace_internal", source.materialization),
         key=key,
         values=values,
-        column_types={column: SOURCE_COLUMN_TYPES[column] for column in columns},
+        column_types=column_types,
     )
+
+
+def _value_types(source: WebhookSource) -> dict[str, str]:
+    try:  # the webhook issue's row builder knows the columns of every BODY FORMAT and INCLUDE clause
+        from headrace.webhook.rows import source_columns
+    except ImportError:
+        return {column: SOURCE_COLUMN_TYPES[column] for column in source.column_names()}
+    columns = source_columns(source)
+    return dict(columns.items() if isinstance(columns, dict) else columns)
 
 
 def source_materialization(source: WebhookSource) -> MaterializationSpec:

@@ -6,7 +6,9 @@ now), CLOSE (write it, then close) or CancelRequested (call adapter.cancel). It 
 coordinator but never touches a socket.
 
 States are routed first, then messages:
-  AWAITING_STARTUP --StartupMessage--> READY --Parse/Bind/...--> IN_EXTENDED_BATCH --Sync--> READY
+  AWAITING_STARTUP --SSLRequest (TLS configured)--> 'S', effect START_TLS, still AWAITING_STARTUP
+  AWAITING_STARTUP --StartupMessage--> AUTHENTICATING (password / SCRAM 'p' messages) --> READY
+  AWAITING_STARTUP --StartupMessage (trust)--> READY --Parse/Bind/...--> IN_EXTENDED_BATCH --Sync--> READY
   an extended-protocol error --> AWAITING_SYNC (discard all but Sync) --Sync--> READY
   Terminate, a FATAL error or a CancelRequest --> CLOSED
 """
@@ -21,25 +23,31 @@ from dataclasses import dataclass
 
 from headrace.errors import HeadraceError, ProtocolViolation
 from headrace.pgwire import messages
+from headrace.pgwire.copy import CopyIn, Flush
 from headrace.pgwire.extended_query import ExtendedQueryHandler
+from headrace.pgwire.auth import AuthMethod, Handshake, choose_method, make_handshake, rejection
 from headrace.pgwire.interfaces import AdapterClient, SessionClient
+from headrace.pgwire.security import SecurityConfig
 from headrace.pgwire.simple_query import UNNAMED, run_simple_query
-from headrace.pgwire.startup import start_session
+from headrace.pgwire.startup import StartupRequest, check_startup, open_session
 
 logger = logging.getLogger(__name__)
 
 
 class ConnectionState(enum.Enum):
     AWAITING_STARTUP = "awaiting_startup"
+    AUTHENTICATING = "authenticating"  # a password or SCRAM exchange is under way
     READY = "ready"
     IN_EXTENDED_BATCH = "in_extended_batch"
     AWAITING_SYNC = "awaiting_sync"  # after an extended-protocol error: discard until Sync
+    COPY_IN = "copy_in"  # COPY FROM STDIN: CopyData until CopyDone / CopyFail (pgwire/copy.py)
     CLOSED = "closed"
 
 
 class Signal(enum.Enum):
     FLUSH = "flush"  # write the out buffer now: the client waits for it (ReadyForQuery, Flush, errors)
     CLOSE = "close"  # write the out buffer, then close the connection
+    START_TLS = "start_tls"  # write the out buffer ('S'), then run the TLS handshake, then tls_started()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +65,15 @@ _IGNORED_OUTSIDE_COPY = (messages.CopyData, messages.CopyDone, messages.CopyFail
 
 
 class PgConnection:
-    def __init__(self, adapter: AdapterClient) -> None:
+    def __init__(self, adapter: AdapterClient, security: SecurityConfig | None = None,
+                 peer_address: str | None = None) -> None:
+        """`peer_address`: the client's IP address (None for a Unix socket), for the auth rules."""
         self._adapter = adapter
+        self._security = security if security is not None else SecurityConfig()
+        self._peer_address = peer_address
+        self._tls_active = False
+        self._startup: StartupRequest | None = None
+        self._handshake: Handshake | None = None
         self._decoder = messages.FrontendDecoder()
         self._out = bytearray()
         self._state = ConnectionState.AWAITING_STARTUP
@@ -66,6 +81,9 @@ class PgConnection:
         self._extended: ExtendedQueryHandler | None = None
         self._running_cancel: asyncio.Event | None = None  # set by cancel_running()
         self._terminated = False
+        self._copy_in: CopyIn | None = None
+        # Set by the transport: write the out buffer now. COPY TO uses it to stream mid-statement.
+        self.flush_output: Flush | None = None
 
     @property
     def state(self) -> ConnectionState:
@@ -84,8 +102,16 @@ class PgConnection:
         self._out.clear()
         return output
 
+    @property
+    def tls_active(self) -> bool:
+        return self._tls_active
+
     def receive_data(self, data: bytes) -> None:
         self._decoder.push(data)
+
+    def tls_started(self) -> None:
+        """The transport finished the TLS handshake that START_TLS asked for."""
+        self._tls_active = True
 
     async def step(self) -> list[Effect] | None:
         """Handle the next complete message received; None when more bytes are needed (or closed).
@@ -116,10 +142,14 @@ class PgConnection:
             return [Signal.CLOSE]
         if state is ConnectionState.AWAITING_STARTUP:
             return await self._handle_startup(message)
+        if state is ConnectionState.AUTHENTICATING:
+            return await self._handle_authentication(message)
         if isinstance(message, messages.Terminate):
             await self._terminate_session()
             self._state = ConnectionState.CLOSED
             return [Signal.CLOSE]
+        if state is ConnectionState.COPY_IN:
+            return await self._handle_copy_in(message)
         if state is ConnectionState.AWAITING_SYNC:
             return self._sync() if isinstance(message, messages.Sync) else []
         if isinstance(message, _EXTENDED_MESSAGES):
@@ -137,6 +167,12 @@ class PgConnection:
     # --- startup ----------------------------------------------------------------------------------
 
     async def _handle_startup(self, message: messages.FrontendMessage) -> list[Effect]:
+        if isinstance(message, messages.SSLRequest) and self._security.tls is not None and not self._tls_active:
+            if self._decoder.buffered_size:
+                # Bytes sent before the handshake would be trusted as if encrypted (CVE-2021-23214).
+                return await self._fatal(ProtocolViolation("received unencrypted data after SSL request"))
+            self._out += b"S"
+            return [Signal.START_TLS]
         if isinstance(message, (messages.SSLRequest, messages.GSSENCRequest)):
             self._out += b"N"  # no encryption: the client goes on with a plain StartupMessage
             return [Signal.FLUSH]
@@ -146,7 +182,41 @@ class PgConnection:
         if not isinstance(message, messages.StartupMessage):
             return await self._fatal(ProtocolViolation(f"unexpected message {type(message).__name__}"))
         try:
-            session = await start_session(self._adapter, message, self._out)
+            request = check_startup(message, self._out)
+        except Exception as exc:
+            return await self._fatal(exc)
+        method = choose_method(self._security.auth_rules, request.user, self._peer_address)
+        if method is AuthMethod.TRUST:
+            return await self._open_session(request)
+        if method is AuthMethod.REJECT:
+            return await self._fatal(rejection(request.user, self._peer_address, self._tls_active))
+        self._startup = request
+        self._handshake = make_handshake(method, request.user, self._security.credentials)
+        self._out += self._handshake.start()
+        self._state = ConnectionState.AUTHENTICATING
+        return [Signal.FLUSH]
+
+    async def _handle_authentication(self, message: messages.FrontendMessage) -> list[Effect]:
+        if isinstance(message, messages.Terminate):  # the client gave up (e.g. psql asks for a password)
+            self._state = ConnectionState.CLOSED
+            return [Signal.CLOSE]
+        if not isinstance(message, messages.PasswordMessage):
+            return await self._fatal(ProtocolViolation(
+                f"expected password response, got message type {type(message).__name__}"))
+        assert self._handshake is not None and self._startup is not None
+        try:
+            reply, authenticated = self._handshake.receive(message.payload)
+        except Exception as exc:
+            return await self._fatal(exc)
+        self._out += reply
+        if not authenticated:
+            return [Signal.FLUSH]
+        self._handshake = None
+        return await self._open_session(self._startup)
+
+    async def _open_session(self, request: StartupRequest) -> list[Effect]:
+        try:
+            session = await open_session(self._adapter, request, self._out)
         except Exception as exc:
             return await self._fatal(exc)
         self._session = session
@@ -160,7 +230,9 @@ class PgConnection:
         session = self._require_session()
         self._running_cancel = asyncio.Event()
         try:
-            await run_simple_query(session, message.sql, self._out, self._running_cancel)
+            copy_in = await run_simple_query(session, message.sql, self._out, self._running_cancel, self.flush_output)
+            if copy_in is not None:
+                return self._enter_copy_in(copy_in)
         except Exception as exc:
             self._report_error(exc)
         finally:
@@ -184,7 +256,9 @@ class PgConnection:
             elif isinstance(message, messages.Execute):
                 self._running_cancel = asyncio.Event()
                 try:
-                    await extended.execute(message, self._out, self._running_cancel)
+                    copy_in = await extended.execute(message, self._out, self._running_cancel, self.flush_output)
+                    if copy_in is not None:
+                        return self._enter_copy_in(copy_in)
                 finally:
                     self._running_cancel = None
             elif isinstance(message, messages.Close):
@@ -194,6 +268,54 @@ class PgConnection:
             self._state = ConnectionState.AWAITING_SYNC
             return [Signal.FLUSH]  # like PostgreSQL: a client waiting after Flush must see the error
         return []
+
+    # --- COPY FROM STDIN ---------------------------------------------------------------------------
+
+    def _enter_copy_in(self, copy_in: CopyIn) -> list[Effect]:
+        self._copy_in = copy_in
+        self._state = ConnectionState.COPY_IN
+        return [Signal.FLUSH]  # CopyInResponse: the client sends its data now
+
+    async def _handle_copy_in(self, message: messages.FrontendMessage) -> list[Effect]:
+        """CopyData accumulates; CopyDone inserts; CopyFail or any other message aborts the COPY.
+        Flush and Sync are ignored meanwhile, as PostgreSQL does."""
+        copy_in = self._copy_in
+        session = self._require_session()
+        assert copy_in is not None
+        if isinstance(message, (messages.Flush, messages.Sync)):
+            return []
+        try:
+            if isinstance(message, messages.CopyData):
+                copy_in.receive(message.data)
+                return []
+            if isinstance(message, messages.CopyFail):
+                raise CopyIn.failed(message.message)
+            if not isinstance(message, messages.CopyDone):
+                raise ProtocolViolation(f"unexpected message {type(message).__name__} during COPY from stdin")
+            self._running_cancel = asyncio.Event()
+            try:
+                result = await session.insert_rows(copy_in.response, copy_in.rows(), self._running_cancel)
+            finally:
+                self._running_cancel = None
+            self._out += messages.command_complete(result.tag)
+        except Exception as exc:
+            self._copy_in = None
+            self._report_error(exc)
+            if copy_in.extended:
+                self._state = ConnectionState.AWAITING_SYNC
+                return [Signal.FLUSH]
+            self._call_safely(session.close_statement, UNNAMED)
+            return self._sync()
+        self._copy_in = None
+        if copy_in.extended:
+            self._state = ConnectionState.IN_EXTENDED_BATCH
+            return []
+        self._state = ConnectionState.READY
+        if copy_in.remaining_sql and copy_in.remaining_sql.strip():
+            # The rest of the simple Query that held the COPY.
+            return await self._handle_query(messages.Query(copy_in.remaining_sql))
+        self._call_safely(session.close_statement, UNNAMED)
+        return self._sync()
 
     def _sync(self) -> list[Effect]:
         session = self._require_session()

@@ -10,6 +10,7 @@ import asyncio
 from headrace.coordinator.responses import SendingRows
 from headrace.errors import ProtocolViolation
 from headrace.pgwire import messages
+from headrace.pgwire.copy import CopyIn, Flush, is_copy_response, start_copy
 from headrace.pgwire.interfaces import SessionClient
 from headrace.pgwire.results import append_result, resolve_formats, row_description
 from headrace.pgwire.types import TEXT_FORMAT, decode_parameter
@@ -60,11 +61,16 @@ class ExtendedQueryHandler:
             formats = resolve_formats(self._result_formats.get(message.name, ()), len(columns or ()))
         out += messages.no_data() if columns is None else row_description(columns, formats)
 
-    async def execute(self, message: messages.Execute, out: bytearray, cancel: asyncio.Event) -> None:
+    async def execute(self, message: messages.Execute, out: bytearray, cancel: asyncio.Event,
+                      flush: Flush | None = None) -> CopyIn | None:
+        """A COPY FROM returns its CopyIn: the connection then collects the client's data."""
         result = await self._session.execute(message.portal, max(message.max_rows, 0), cancel)
+        if is_copy_response(result):
+            return await start_copy(out, result, cancel, flush, None)  # type: ignore[arg-type]
         column_count = len(result.columns) if isinstance(result, SendingRows) else 0
         formats = resolve_formats(self._result_formats.get(message.portal, ()), column_count)
         append_result(out, result, formats, with_row_description=False)
+        return None
 
     def close(self, message: messages.Close, out: bytearray) -> None:
         if message.kind == "S":

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
-from headrace.coordinator.responses import Column, ExecuteResponse, StatementDescription
+from headrace.coordinator.responses import Column, CommandComplete, CopyFrom, ExecuteResponse, StatementDescription
 
 
 class SessionClient(Protocol):
@@ -39,6 +39,11 @@ class SessionClient(Protocol):
     def describe_portal(self, portal: str) -> tuple[Column, ...] | None: ...
 
     async def execute(self, portal: str, max_rows: int, cancel: asyncio.Event) -> ExecuteResponse: ...
+
+    async def insert_rows(self, target: CopyFrom, rows: list[tuple[object, ...]],
+                          cancel: asyncio.Event | None = None) -> CommandComplete:
+        """The rows of a COPY FROM STDIN, decoded; answers CommandComplete("COPY n")."""
+        ...
 
     def close_statement(self, name: str) -> None: ...
 

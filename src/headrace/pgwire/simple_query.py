@@ -6,6 +6,7 @@ import asyncio
 
 from headrace.coordinator.responses import SendingRows
 from headrace.pgwire import messages
+from headrace.pgwire.copy import CopyIn, Flush, is_copy_response, start_copy
 from headrace.pgwire.interfaces import SessionClient
 from headrace.pgwire.results import append_result
 from headrace.pgwire.types import TEXT_FORMAT
@@ -13,19 +14,28 @@ from headrace.pgwire.types import TEXT_FORMAT
 UNNAMED = ""
 
 
-async def run_simple_query(session: SessionClient, sql: str, out: bytearray, cancel: asyncio.Event) -> None:
+async def run_simple_query(session: SessionClient, sql: str, out: bytearray, cancel: asyncio.Event,
+                           flush: Flush | None = None) -> CopyIn | None:
     """Run each statement in order through the unnamed statement and portal, writing
     RowDescription + DataRows + CommandComplete (text format) per statement.
 
     Raises the first statement's error: results of the statements before it are already in `out`
-    and the rest are not run. The caller writes the ErrorResponse and the one ReadyForQuery."""
+    and the rest are not run. The caller writes the ErrorResponse and the one ReadyForQuery.
+    A COPY FROM returns its CopyIn (holding the statements after it) instead: the caller collects
+    the client's data before going on."""
     statements = session.split_statements(sql)
     if not statements:
         out += messages.empty_query_response()
-        return
-    for statement in statements:
+        return None
+    for index, statement in enumerate(statements):
         await session.prepare(UNNAMED, statement, ())
         session.bind(UNNAMED, UNNAMED, ())
         result = await session.execute(UNNAMED, 0, cancel)
+        if is_copy_response(result):  # COPY TO streams now; COPY FROM waits for the client's data
+            copy_in = await start_copy(out, result, cancel, flush, ";".join(statements[index + 1:]))  # type: ignore[arg-type]
+            if copy_in is not None:
+                return copy_in
+            continue
         column_count = len(result.columns) if isinstance(result, SendingRows) else 0
         append_result(out, result, (TEXT_FORMAT,) * column_count, with_row_description=True)
+    return None

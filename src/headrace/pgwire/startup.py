@@ -1,6 +1,9 @@
-"""The startup phase: protocol version check, (trust) authentication and the session greeting."""
+"""The startup phase: protocol version check, then (after authentication, see auth.py) the
+session and its greeting."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from headrace.errors import HeadraceError
 from headrace.pgwire import messages
@@ -10,10 +13,15 @@ SUPPORTED_MAJOR_VERSION = 3
 NEWEST_MINOR_VERSION = 0
 
 
-async def start_session(adapter: AdapterClient, startup: messages.StartupMessage,
-                        out: bytearray) -> SessionClient:
-    """Open the session a StartupMessage asks for and write AuthenticationOk, the ParameterStatus
-    set, BackendKeyData and ReadyForQuery. Raises HeadraceError, to be reported as FATAL.
+@dataclass(frozen=True, slots=True)
+class StartupRequest:
+    user: str
+    database: str
+    parameters: dict[str, str]  # the rest: application_name, client_encoding, options, ...
+
+
+def check_startup(startup: messages.StartupMessage, out: bytearray) -> StartupRequest:
+    """Validate a StartupMessage. Raises HeadraceError, to be reported as FATAL.
 
     A newer 3.x minor version, or `_pq_.` protocol options, are answered with
     NegotiateProtocolVersion as PostgreSQL does, so clients that ask for 3.2 fall back to 3.0."""
@@ -31,7 +39,13 @@ async def start_session(adapter: AdapterClient, startup: messages.StartupMessage
     if not user:
         raise HeadraceError("no PostgreSQL user name specified in startup packet", sqlstate="28000")
     database = parameters.pop("database", "") or user
-    session = await adapter.new_session(user, database, parameters)
+    return StartupRequest(user, database, parameters)
+
+
+async def open_session(adapter: AdapterClient, request: StartupRequest, out: bytearray) -> SessionClient:
+    """Open the session of an authenticated client and write AuthenticationOk, the ParameterStatus
+    set, BackendKeyData and ReadyForQuery. Raises HeadraceError, to be reported as FATAL."""
+    session = await adapter.new_session(request.user, request.database, request.parameters)
     out += messages.authentication_ok()
     for name, value in session.startup_parameters().items():
         out += messages.parameter_status(name, value)

@@ -6,7 +6,6 @@ server process shares nothing with Spark but the files."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,13 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from headrace.log.reader import read_records, scan_end
-from headrace.webhook.record import decode
+from headrace.webhook.record import decode_fields
 
 RECORD_FRAME_BYTES = 8  # u32 length + u32 crc32 before each payload
-SCHEMA = "log_offset long, next_offset long, received_at long, idempotency_key string, headers string, body string"
+# prev_offset: the log offset of the row this one replaces (same idempotency key within the window).
+# headers: a JSON object as text; body: the row's raw bytes.
+SCHEMA = ("log_offset long, next_offset long, prev_offset long, received_at long, idempotency_key string, "
+          "headers string, body binary")
 
 
 class LogRange(InputPartition):
@@ -49,10 +51,8 @@ class LogStreamReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, LogRange)
         for offset, payload in read_records(Path(self.path), partition.start, partition.end):
-            record = decode(payload)
-            headers = json.dumps(record.headers, separators=(",", ":")) if record.headers is not None else None
-            yield (offset, offset + RECORD_FRAME_BYTES + len(payload), record.received_at_us,
-                   record.idempotency_key, headers, record.body_text)
+            received_at_us, key, headers, body, prev_offset = decode_fields(payload)
+            yield (offset, offset + RECORD_FRAME_BYTES + len(payload), prev_offset, received_at_us, key, headers, body)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to release yet: log retention comes with the idempotency window."""

@@ -7,9 +7,13 @@ and `->>` with PostgreSQL's text rendering, three-valued logic, NULL propagation
 
 Values at run time: SQL NULL is None. A jsonb value is the parsed JSON (dict, list, str, int,
 Decimal/float, bool), except a top-level JSON null, which is `JSON_NULL`, because in PostgreSQL
-`'null'::jsonb IS NULL` is false. Column values are parsed JSON documents (None = JSON null).
+`'null'::jsonb IS NULL` is false. Columns are typed by the caller (name -> SqlType; a plain list of
+names means jsonb columns, whose values are parsed JSON documents, None = JSON null). The other
+types' values are described in expr_types.py. `now()` reads the row's `NOW` entry (the request's
+arrival time, integer microseconds) so that a CHECK sees one fixed time per request.
 
-To support a new construct, add a compiler for its sqlglot node type to `_COMPILERS`.
+To support a new construct, add a compiler for its sqlglot node type to `_COMPILERS`; functions
+and operators beyond the basics live in expr_functions.py.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from headrace.errors import FeatureNotSupported, HeadraceError, SyntaxError_, Un
 from headrace.sql import expr_values as jv
 from headrace.sql.expr_values import INTEGER_TYPES, JSON_NULL, NUMBER_TYPES, SqlType
 
-__all__ = ["JSON_NULL", "CompiledExpression", "SqlType", "compile_expression"]
+__all__ = ["JSON_NULL", "NOW", "CompiledExpression", "SqlType", "compile_expression"]
 
 Row = Mapping[str, Any]
 Evaluate = Callable[[Row], Any]
+Columns = Mapping[str, SqlType]
+NOW = "\0now"  # the row entry holding now() (microseconds since the epoch); no column can be named so
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,20 +66,22 @@ class CompiledExpression:
         return f"CompiledExpression({self.sql_text!r}, {self.result_type.value})"
 
 
-def compile_expression(sql_text: str, columns: Sequence[str]) -> CompiledExpression:
-    """Parse and type-check `sql_text` once; the result evaluates it per row."""
+def compile_expression(sql_text: str, columns: Sequence[str] | Mapping[str, SqlType]) -> CompiledExpression:
+    """Parse and type-check `sql_text` once; the result evaluates it per row. `columns` maps each
+    column name to its type (a sequence of names: jsonb columns)."""
     try:
         tree = sqlglot.parse_one(sql_text, read="postgres")
     except sqlglot.errors.SqlglotError as error:  # ParseError, TokenError (an unterminated string)
         errors = getattr(error, "errors", None)
         detail = errors[0].get("description") if errors else str(error).splitlines()[0]
         raise SyntaxError_(f"syntax error in expression {sql_text!r}: {detail}") from None
-    return CompiledExpression(sql_text, _compile(tree, frozenset(columns)))
+    typed = dict(columns) if isinstance(columns, Mapping) else dict.fromkeys(columns, SqlType.JSONB)
+    return CompiledExpression(sql_text, _compile(tree, typed))
 
 
 # -- the compiler table ----------------------------------------------------------------------
 
-Compiler = Callable[[Any, frozenset[str]], Compiled]
+Compiler = Callable[[Any, Columns], Compiled]
 _COMPILERS: dict[type[exp.Expression], Compiler] = {}
 
 
@@ -86,7 +94,7 @@ def _compiles(*node_types: type[exp.Expression]) -> Callable[[Compiler], Compile
     return register
 
 
-def _compile(node: exp.Expression, columns: frozenset[str]) -> Compiled:
+def _compile(node: exp.Expression, columns: Columns) -> Compiled:
     compiler = _COMPILERS.get(type(node))
     if compiler is None:
         raise FeatureNotSupported(f"{_describe(node)} is not supported in this expression")
@@ -128,7 +136,7 @@ def _type_mismatch(message: str) -> HeadraceError:
 
 
 @_compiles(exp.Column)
-def _column(node: exp.Column, columns: frozenset[str]) -> Compiled:
+def _column(node: exp.Column, columns: Columns) -> Compiled:
     if node.table:
         raise FeatureNotSupported(f"qualified column reference {node.sql(dialect='postgres')!r}")
     identifier = node.this
@@ -136,6 +144,10 @@ def _column(node: exp.Column, columns: frozenset[str]) -> Compiled:
     if name not in columns:
         raise UndefinedColumn(f'column "{name}" does not exist',
                               hint=f"available columns: {', '.join(sorted(columns))}")
+
+    sql_type = columns[name]
+    if sql_type is not SqlType.JSONB:
+        return Compiled(lambda row: row[name], sql_type)
 
     def column(row: Row) -> Any:
         value = row[name]
@@ -145,7 +157,7 @@ def _column(node: exp.Column, columns: frozenset[str]) -> Compiled:
 
 
 @_compiles(exp.Literal)
-def _literal(node: exp.Literal, columns: frozenset[str]) -> Compiled:
+def _literal(node: exp.Literal, columns: Columns) -> Compiled:
     if node.is_string:
         return _constant(node.this, SqlType.UNKNOWN)
     text = node.this
@@ -158,37 +170,39 @@ def _literal(node: exp.Literal, columns: frozenset[str]) -> Compiled:
 
 
 @_compiles(exp.RawString, exp.ByteString)
-def _string(node: exp.Expression, columns: frozenset[str]) -> Compiled:
+def _string(node: exp.Expression, columns: Columns) -> Compiled:
     # $$dollar-quoted$$ and E'escape' strings (sqlglot has already applied E'' escapes).
     return _constant(node.this, SqlType.UNKNOWN)
 
 
 @_compiles(exp.Boolean)
-def _boolean(node: exp.Boolean, columns: frozenset[str]) -> Compiled:
+def _boolean(node: exp.Boolean, columns: Columns) -> Compiled:
     return _constant(bool(node.this), SqlType.BOOLEAN)
 
 
 @_compiles(exp.Null)
-def _null(node: exp.Null, columns: frozenset[str]) -> Compiled:
+def _null(node: exp.Null, columns: Columns) -> Compiled:
     return _constant(None, SqlType.UNKNOWN)
 
 
 @_compiles(exp.Paren)
-def _paren(node: exp.Paren, columns: frozenset[str]) -> Compiled:
+def _paren(node: exp.Paren, columns: Columns) -> Compiled:
     return _compile(node.this, columns)
 
 
 @_compiles(exp.Neg)
-def _neg(node: exp.Neg, columns: frozenset[str]) -> Compiled:
+def _neg(node: exp.Neg, columns: Columns) -> Compiled:
     operand = _compile(node.this, columns)
-    if operand.sql_type not in NUMBER_TYPES:
+    if operand.sql_type is SqlType.UNKNOWN:
+        operand = _cast(operand, SqlType.NUMERIC)
+    if operand.sql_type not in NUMBER_TYPES and operand.sql_type is not SqlType.INTERVAL:
         raise _undefined_operator("-", operand.sql_type)
     inner = operand.evaluate
     return _fold(Compiled(lambda row: None if (v := inner(row)) is None else -v, operand.sql_type, operand.constant))
 
 
 @_compiles(exp.Lambda)
-def _arrow_in_function_argument(node: exp.Lambda, columns: frozenset[str]) -> Compiled:
+def _arrow_in_function_argument(node: exp.Lambda, columns: Columns) -> Compiled:
     """sqlglot reads `f(body->'a'->>'b')` as a lambda `body -> ('a' ->> 'b')`; PostgreSQL has no
     lambdas, so re-associate it as `(body -> 'a') ->> 'b'` (`->` binds like ->>, ||, = ... on its
     left, while ::, + and friends bind tighter and stay inside its right operand)."""
@@ -226,11 +240,16 @@ _CAST_TARGETS = {
     exp.DataType.Type.BOOLEAN: SqlType.BOOLEAN,
     exp.DataType.Type.JSONB: SqlType.JSONB,
     exp.DataType.Type.JSON: SqlType.JSONB,  # json would keep the input text; jsonb semantics are close enough for keys
+    exp.DataType.Type.DOUBLE: SqlType.DOUBLE,
+    exp.DataType.Type.FLOAT: SqlType.DOUBLE,
+    exp.DataType.Type.VARBINARY: SqlType.BYTEA,
+    exp.DataType.Type.TIMESTAMPTZ: SqlType.TIMESTAMPTZ,
+    exp.DataType.Type.INTERVAL: SqlType.INTERVAL,
 }
 
 
 @_compiles(exp.Cast)
-def _cast_node(node: exp.Cast, columns: frozenset[str]) -> Compiled:
+def _cast_node(node: exp.Cast, columns: Columns) -> Compiled:
     to = node.args["to"]
     target = _CAST_TARGETS.get(to.this) if isinstance(to, exp.DataType) else None
     if target is None or to.expressions:
@@ -251,11 +270,13 @@ def _cast(operand: Compiled, target: SqlType) -> Compiled:
 
 
 @_compiles(exp.JSONExtract, exp.JSONExtractScalar, exp.JSONBExtract, exp.JSONBExtractScalar)
-def _json_access(node: exp.Expression, columns: frozenset[str]) -> Compiled:
+def _json_access(node: exp.Expression, columns: Columns) -> Compiled:
     as_text = isinstance(node, (exp.JSONExtractScalar, exp.JSONBExtractScalar))
     by_path = isinstance(node, (exp.JSONBExtract, exp.JSONBExtractScalar))
     symbol = ("#>" if by_path else "->") + (">" if as_text else "")
     document = _compile(node.this, columns)
+    if document.sql_type is SqlType.MAP and not by_path:
+        return map_lookup(document, node.expression, columns)
     if document.sql_type is SqlType.UNKNOWN:
         document = _cast(document, SqlType.JSONB)
     selector = node.expression
@@ -312,20 +333,23 @@ def _dynamic_step(selector: Compiled, symbol: str) -> Callable[[Any, Row], Any]:
 
 
 @_compiles(exp.DPipe)
-def _concat(node: exp.DPipe, columns: frozenset[str]) -> Compiled:
+def _concat(node: exp.DPipe, columns: Columns) -> Compiled:
     left, right = _compile(node.this, columns), _compile(node.expression, columns)
     if SqlType.JSONB in (left.sql_type, right.sql_type):
         raise FeatureNotSupported("jsonb concatenation (||); cast the jsonb operand to text")
-    get_left, get_right = _cast(left, SqlType.TEXT).evaluate, _cast(right, SqlType.TEXT).evaluate
+    # bytea || bytea is bytea (an untyped literal adopts bytea); any other pair concatenates as text
+    result = SqlType.BYTEA if {left.sql_type, right.sql_type} <= {SqlType.BYTEA, SqlType.UNKNOWN} and (
+        SqlType.BYTEA in (left.sql_type, right.sql_type)) else SqlType.TEXT
+    get_left, get_right = _cast(left, result).evaluate, _cast(right, result).evaluate
 
-    def concat(row: Row) -> str | None:
+    def concat(row: Row) -> Any:
         a = get_left(row)
         if a is None:
             return None
         b = get_right(row)
         return None if b is None else a + b
 
-    return _fold(Compiled(concat, SqlType.TEXT, left.constant and right.constant))
+    return _fold(Compiled(concat, result, left.constant and right.constant))
 
 
 _COMPARISONS: dict[type[exp.Expression], tuple[str, Callable[[Any, Any], bool]]] = {
@@ -337,7 +361,7 @@ _COMPARISONS: dict[type[exp.Expression], tuple[str, Callable[[Any, Any], bool]]]
 
 
 @_compiles(*_COMPARISONS)
-def _comparison(node: exp.Expression, columns: frozenset[str]) -> Compiled:
+def _comparison(node: exp.Expression, columns: Columns) -> Compiled:
     symbol, compare = _COMPARISONS[type(node)]
     left, right = _unify(_compile(node.this, columns), _compile(node.expression, columns), symbol)
     if left.sql_type is SqlType.JSONB:
@@ -378,7 +402,7 @@ def _boolean_operand(compiled: Compiled, what: str) -> Evaluate:
 
 
 @_compiles(exp.And, exp.Or)
-def _and_or(node: exp.Expression, columns: frozenset[str]) -> Compiled:
+def _and_or(node: exp.Expression, columns: Columns) -> Compiled:
     what = "AND" if isinstance(node, exp.And) else "OR"
     left, right = _compile(node.this, columns), _compile(node.expression, columns)
     get_left, get_right = _boolean_operand(left, what), _boolean_operand(right, what)
@@ -397,14 +421,14 @@ def _and_or(node: exp.Expression, columns: frozenset[str]) -> Compiled:
 
 
 @_compiles(exp.Not)
-def _not(node: exp.Not, columns: frozenset[str]) -> Compiled:
+def _not(node: exp.Not, columns: Columns) -> Compiled:
     operand = _compile(node.this, columns)
     get = _boolean_operand(operand, "NOT")
     return _fold(Compiled(lambda row: None if (v := get(row)) is None else not v, SqlType.BOOLEAN, operand.constant))
 
 
 @_compiles(exp.Is)
-def _is(node: exp.Is, columns: frozenset[str]) -> Compiled:
+def _is(node: exp.Is, columns: Columns) -> Compiled:
     operand = _compile(node.this, columns)
     negate = bool(node.args.get("negate"))
     target = node.expression
@@ -420,15 +444,12 @@ def _is(node: exp.Is, columns: frozenset[str]) -> Compiled:
 
 
 @_compiles(exp.Coalesce)
-def _coalesce(node: exp.Coalesce, columns: frozenset[str]) -> Compiled:
+def _coalesce(node: exp.Coalesce, columns: Columns) -> Compiled:
     arguments = [_compile(arg, columns) for arg in [node.this, *node.expressions]]
     known = [a.sql_type for a in arguments if a.sql_type is not SqlType.UNKNOWN]
     target = known[0] if known else SqlType.TEXT
     if len(set(known)) > 1:
-        if not set(known) <= NUMBER_TYPES:
-            mismatch = next(t for t in known if t is not target)
-            raise _type_mismatch(f"COALESCE types {target.value} and {mismatch.value} cannot be matched")
-        target = SqlType.NUMERIC if SqlType.NUMERIC in known else SqlType.BIGINT
+        target = common_type(known, "COALESCE")
     getters = [_cast(a, target).evaluate for a in arguments]
 
     def coalesce(row: Row) -> Any:
@@ -441,7 +462,20 @@ def _coalesce(node: exp.Coalesce, columns: frozenset[str]) -> Compiled:
     return _fold(Compiled(coalesce, target, all(a.constant for a in arguments)))
 
 
-def _text_argument(node: exp.Expression, columns: frozenset[str], function: str) -> Compiled:
+def common_type(known: Sequence[SqlType], construct: str) -> SqlType:
+    """The one type values of `known` types resolve to (COALESCE, CASE): equal, or numbers widened."""
+    if len(set(known)) == 1:
+        return known[0]
+    if not set(known) <= NUMBER_TYPES:
+        mismatch = next(t for t in known if t is not known[0])
+        raise _type_mismatch(f"{construct} types {known[0].value} and {mismatch.value} cannot be matched")
+    for widest in (SqlType.DOUBLE, SqlType.NUMERIC):
+        if widest in known:
+            return widest
+    return SqlType.BIGINT
+
+
+def _text_argument(node: exp.Expression, columns: Columns, function: str) -> Compiled:
     compiled = _compile(node, columns)
     if compiled.sql_type is SqlType.UNKNOWN:
         compiled = _cast(compiled, SqlType.TEXT)
@@ -452,16 +486,26 @@ def _text_argument(node: exp.Expression, columns: frozenset[str], function: str)
 
 
 @_compiles(exp.Lower, exp.Upper)
-def _case_change(node: exp.Expression, columns: frozenset[str]) -> Compiled:
+def _case_change(node: exp.Expression, columns: Columns) -> Compiled:
     function = "lower" if isinstance(node, exp.Lower) else "upper"
     operand = _text_argument(node.this, columns, function)
-    change: Callable[[str], str] = str.lower if function == "lower" else str.upper
+    change: Callable[[str], str] = _per_character(str.lower) if function == "lower" else _per_character(str.upper)
     get = operand.evaluate
     return _fold(Compiled(lambda row: None if (v := get(row)) is None else change(v), SqlType.TEXT, operand.constant))
 
 
+def _per_character(change: Callable[[str], str]) -> Callable[[str], str]:
+    """Case mapping character by character, as PostgreSQL's: 'ß' stays 'ß' (Python makes it 'SS')."""
+    def apply(text: str) -> str:
+        changed = change(text)
+        if len(changed) == len(text):
+            return changed
+        return "".join(mapped if len(mapped := change(c)) == 1 else c for c in text)
+    return apply
+
+
 @_compiles(exp.Trim)
-def _trim(node: exp.Trim, columns: frozenset[str]) -> Compiled:
+def _trim(node: exp.Trim, columns: Columns) -> Compiled:
     operand = _text_argument(node.this, columns, "trim")
     position = (node.args.get("position") or "BOTH").upper()
     strip = {"BOTH": str.strip, "LEADING": str.lstrip, "TRAILING": str.rstrip}[position]
@@ -474,3 +518,24 @@ def _trim(node: exp.Trim, columns: frozenset[str]) -> Compiled:
         return None if value is None or chars is None else strip(value, chars)
 
     return _fold(Compiled(trim, SqlType.TEXT, operand.constant and characters.constant))
+
+
+def map_lookup(document: Compiled, selector_node: exp.Expression, columns: Columns) -> Compiled:
+    """`headers -> 'name'` (Materialize's map lookup) and headrace's `headers ->> 'name'`: text."""
+    if isinstance(selector_node, exp.JSONPath):
+        keys = [part.this for part in selector_node.expressions if isinstance(part, exp.JSONPathKey)]
+        if len(keys) != 1 or len(selector_node.expressions) > 2 or not isinstance(keys[0], str):
+            raise FeatureNotSupported("map lookup takes one text key")
+        selector = _constant(keys[0], SqlType.TEXT)
+    else:
+        selector = _text_argument(selector_node, columns, "map lookup")
+    get_map, get_key = document.evaluate, selector.evaluate
+
+    def lookup(row: Row) -> str | None:
+        mapping, key = get_map(row), get_key(row)
+        return None if mapping is None or key is None else mapping.get(key)
+
+    return Compiled(lookup, SqlType.TEXT)
+
+
+from headrace.sql import expr_functions as _expr_functions  # noqa: E402,F401  (registers its compilers)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, Final
 
 from headrace.errors import DataError, FeatureNotSupported
+from headrace.sql import expr_types as xt
 
 __all__ = ["INTEGER_TYPES", "JSON_NULL", "NUMBER_TYPES", "SqlType", "converter", "parse_json_document"]
 
@@ -27,10 +29,16 @@ class SqlType(enum.Enum):
     NUMERIC = "numeric"
     BOOLEAN = "boolean"
     JSONB = "jsonb"
+    DOUBLE = "double precision"
+    BYTEA = "bytea"
+    TIMESTAMPTZ = "timestamp with time zone"
+    INTERVAL = "interval"
+    MAP = "map[text=>text]"  # the headers of a request, as in Materialize
+    TEXT_ARRAY = "text[]"
     UNKNOWN = "unknown"  # an untyped string literal or NULL, typed by its context
 
 
-NUMBER_TYPES = frozenset({SqlType.SMALLINT, SqlType.INTEGER, SqlType.BIGINT, SqlType.NUMERIC})
+NUMBER_TYPES = frozenset({SqlType.SMALLINT, SqlType.INTEGER, SqlType.BIGINT, SqlType.NUMERIC, SqlType.DOUBLE})
 INTEGER_TYPES = frozenset({SqlType.SMALLINT, SqlType.INTEGER, SqlType.BIGINT})
 
 
@@ -300,14 +308,24 @@ def converter(source: SqlType, target: SqlType) -> Callable[[Any], Any]:
             return jsonb_text
         if source is SqlType.BOOLEAN:
             return lambda v: "true" if v else "false"
-        return numeric_text if source is SqlType.NUMERIC else str
+        return _TO_TEXT.get(source, str)
+    if source is SqlType.DOUBLE and target in INTEGER_TYPES | {SqlType.NUMERIC}:
+        return _double_to(target)
+    if target is SqlType.DOUBLE:
+        if textual:
+            return xt.parse_double
+        if source in NUMBER_TYPES:
+            return xt.number_to_double
+        if source is SqlType.JSONB:
+            return lambda v: xt.number_to_double(jsonb_scalar(v, "number", "double precision"))
     if target in INTEGER_TYPES:
         name = target.value
         if textual:
             return lambda v: parse_integer(v, name)
         if source in NUMBER_TYPES or source is SqlType.BOOLEAN:
             return lambda v: to_integer(v, name)
-        return lambda v: to_integer(jsonb_scalar(v, "number", name), name)
+        if source is SqlType.JSONB:
+            return lambda v: to_integer(jsonb_scalar(v, "number", name), name)
     if target is SqlType.NUMERIC:
         if textual:
             return parse_numeric
@@ -325,5 +343,40 @@ def converter(source: SqlType, target: SqlType) -> Callable[[Any], Any]:
     if target is SqlType.JSONB:
         if textual:
             return parse_jsonb
-        return lambda v: v  # numbers and booleans are already JSON values (as to_jsonb would)
+        if source is SqlType.MAP:
+            return dict
+        if source in NUMBER_TYPES or source is SqlType.BOOLEAN:
+            return lambda v: v  # numbers and booleans are already JSON values (as to_jsonb would)
+    if textual and target in _FROM_TEXT:
+        return _FROM_TEXT[target]
+    if source is SqlType.BYTEA and target is SqlType.BYTEA:
+        return bytes
     raise FeatureNotSupported(f"cast from {source.value} to {target.value}")
+
+
+def _double_to(target: SqlType) -> Callable[[Any], Any]:
+    def convert(value: float) -> Any:
+        if math.isnan(value) or math.isinf(value):
+            if target is SqlType.NUMERIC:
+                return Decimal(value)
+            raise DataError(f"{target.value} out of range", sqlstate="22003")
+        if target is SqlType.NUMERIC:
+            return Decimal(repr(value))
+        return to_integer(round(value), target.value)  # rint: halves to even, as PostgreSQL
+    return convert
+
+
+_TO_TEXT: dict[SqlType, Callable[[Any], str]] = {
+    SqlType.NUMERIC: numeric_text,
+    SqlType.DOUBLE: xt.double_text,
+    SqlType.BYTEA: xt.bytea_text,
+    SqlType.TIMESTAMPTZ: xt.timestamptz_text,
+    SqlType.INTERVAL: xt.interval_text,
+    SqlType.MAP: xt.map_text,
+    SqlType.TEXT_ARRAY: xt.text_array_text,
+}
+_FROM_TEXT: dict[SqlType, Callable[[str], Any]] = {
+    SqlType.BYTEA: xt.parse_bytea,
+    SqlType.TIMESTAMPTZ: xt.parse_timestamptz,
+    SqlType.INTERVAL: xt.parse_interval,
+}

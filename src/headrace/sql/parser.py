@@ -14,13 +14,14 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from headrace.errors import SyntaxError_
-from headrace.sql.ast import CreateWebhookSource, DropObject, ShowObjects, ShowVariable
+from headrace.sql.ast import DropObject, ShowCreateObject, ShowObjects, ShowVariable
+from headrace.sql.role_statements import parse_alter_role, parse_create_role, parse_drop_role
+from headrace.sql.source_grammar import WebhookGrammar
 
-BODY_FORMATS = ("json",)
 OBJECT_KINDS = {"SOURCE": "source", "SOURCES": "source"}
 
 
-class HeadraceParser(Postgres.Parser):
+class HeadraceParser(WebhookGrammar):  # WebhookGrammar extends Postgres.Parser with sources and secrets
     STATEMENT_PARSERS = {
         **Postgres.Parser.STATEMENT_PARSERS,
         TokenType.SHOW: lambda self: self._parse_show_statement(),
@@ -29,43 +30,52 @@ class HeadraceParser(Postgres.Parser):
     def _parse_create(self) -> exp.Expr:  # type: ignore[override]
         if self._match_text_seq("SOURCE"):
             return self._parse_create_source()
+        if self._match_texts(("ROLE", "USER")):
+            return parse_create_role(self, is_user=self._prev.text.upper() == "USER")
+        if self._match_text_seq("SECRET"):
+            return self._parse_secret(alter=False)
         return super()._parse_create()
+
+    def _parse_alter(self) -> exp.Expr:  # type: ignore[override]
+        if self._match_texts(("ROLE", "USER")):
+            return parse_alter_role(self)
+        if self._match_text_seq("SOURCE"):
+            return self._parse_alter_source()
+        if self._match_text_seq("SECRET"):
+            return self._parse_secret(alter=True)
+        return super()._parse_alter()
 
     def _parse_drop(self, exists: bool = False, kind: str | None = None) -> exp.Expr:  # type: ignore[override]
         if self._match_text_seq("SOURCE"):
             if_exists = self._match_text_seq("IF", "EXISTS")
             names = self._parse_csv(self._parse_table_parts)
             return DropObject(kind="source", expressions=names, if_exists=bool(if_exists))
+        if self._match_texts(("ROLE", "USER")):
+            return parse_drop_role(self)
+        if self._match_text_seq("SECRET"):
+            return self._parse_drop_secret()
         return super()._parse_drop(exists=exists, kind=kind)
 
-    def _parse_create_source(self) -> CreateWebhookSource:
-        if_not_exists = bool(self._match_text_seq("IF", "NOT", "EXISTS"))
-        name = self._parse_table_parts()
-        if not self._match_text_seq("FROM", "WEBHOOK"):
-            self.raise_error("Expected FROM WEBHOOK (the only kind of source so far)")
-        if not self._match_text_seq("BODY", "FORMAT"):
-            self.raise_error("Expected BODY FORMAT")
-        fmt_token = self._advance_any()
-        body_format = fmt_token.text.lower() if fmt_token else ""
-        if body_format not in BODY_FORMATS:
-            self.raise_error(f"Unsupported BODY FORMAT {body_format.upper()!r}; supported: JSON")
-        include_headers = False
-        idempotent: exp.Expr | None = None
-        while self._curr and self._curr.token_type != TokenType.SEMICOLON:
-            if self._match_text_seq("INCLUDE", "HEADERS"):
-                include_headers = True
-            elif self._match_text_seq("IDEMPOTENT"):
-                idempotent = self._parse_wrapped(self._parse_assignment)
-            else:
-                self.raise_error(f"Unexpected {self._curr.text!r} in CREATE SOURCE")
-                break
-        return CreateWebhookSource(this=name, body_format=body_format, include_headers=include_headers,
-                                   idempotent=idempotent, if_not_exists=if_not_exists)
+    def _parse_types(self, *args: object, **kwargs: object) -> exp.Expr | None:  # type: ignore[override]
+        # sqlglot stops after an OID-like type; PostgreSQL also has their arrays: $1::oid[] (asyncpg).
+        parsed = super()._parse_types(*args, **kwargs)  # type: ignore[arg-type]
+        if isinstance(parsed, exp.ObjectIdentifier) and self._match_pair(TokenType.L_BRACKET, TokenType.R_BRACKET):
+            element = exp.DataType(this=exp.DataType.Type.USERDEFINED, kind=exp.to_identifier(parsed.name.lower()))
+            return exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[element], nested=True)
+        return parsed
 
     def _parse_show_statement(self) -> exp.Expr:
         if self._match_text_seq("SOURCES"):
             schema = self._parse_id_var() if self._match(TokenType.FROM) else None
             return ShowObjects(kind="source", schema=schema.name if schema else None)
+        if self._match_text_seq("SECRETS"):
+            schema = self._parse_id_var() if self._match(TokenType.FROM) else None
+            return ShowObjects(kind="secret", schema=schema.name if schema else None)
+        if self._match_text_seq("MATERIALIZED", "VIEWS"):
+            schema = self._parse_id_var() if self._match(TokenType.FROM) else None
+            return ShowObjects(kind="materialized view", schema=schema.name if schema else None)
+        if self._match_text_seq("CREATE", "MATERIALIZED", "VIEW"):
+            return ShowCreateObject(kind="materialized view", this=self._parse_table_parts())
         parts = []
         while self._curr and self._curr.token_type != TokenType.SEMICOLON:
             parts.append(self._advance_any().text)  # type: ignore[union-attr]
@@ -116,6 +126,11 @@ def split_statements(sql: str) -> list[str]:
 
 def parse_statement(sql: str) -> exp.Expr:
     """Parse exactly one statement. Syntax errors become 42601 with PostgreSQL's 1-based position."""
+    from headrace.sql.session_statements import parse_session_statement  # imports this module
+
+    session_statement = parse_session_statement(sql, parse_statement)
+    if session_statement is not None:
+        return session_statement
     try:
         parsed = sqlglot.parse(sql, dialect=Headrace)
     except ParseError as exc:

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from headrace.catalog.items import DEFAULT_DATABASE, DEFAULT_SCHEMA
+from headrace.catalog.system.definitions import SCHEMA_IN_STORE, SYSTEM_DATABASE, find_system_relation
 from headrace.errors import FeatureNotSupported, UndefinedObject
+from headrace.sql.functions import SERVER_VERSION_TEXT, FunctionTranslator, unqualify_functions
+from headrace.pgwire.types import array_oid_of
 from headrace.sql.types import DUCKDB_TYPE_BY_OID, OID_BY_TYPE_NAME, TEXT_OID
 
 QUERY_TYPES = (exp.Select, exp.Union, exp.Intersect, exp.Except)
@@ -33,6 +36,11 @@ class SelectPlan:
     duckdb_sql: str
     column_names: tuple[str, ...]
     param_types: tuple[int, ...]
+    # Session values bound after the client's parameters, e.g. ("user", "setting:timezone")
+    # (see sql/functions.py); execution appends them (store/query.session_parameters).
+    session_inputs: tuple[str, ...] = ()
+    # Reads pg_catalog / information_schema: the system catalog must be fresh (catalog/system).
+    reads_system_catalog: bool = False
 
 
 def is_query(ast: exp.Expr) -> bool:
@@ -41,16 +49,35 @@ def is_query(ast: exp.Expr) -> bool:
 
 def plan_select(ast: exp.Expr, relation_exists: RelationResolver, declared_param_types: Sequence[int] = ()) -> SelectPlan:
     ast = ast.copy()
-    _resolve_relations(ast, relation_exists)
+    unqualify_functions(ast)
+    reads_system_catalog = _resolve_relations(ast, relation_exists)
     names = _output_names(ast)
     param_types = _param_types(ast, declared_param_types)
     _type_parameters(ast, param_types, declared_param_types)
+    translator = FunctionTranslator(len(param_types) + 1, _is_known_setting, SERVER_VERSION_TEXT.format(version=_version()))
+    translator.translate(ast)
     _use_store_functions(ast)
-    return SelectPlan(duckdb_sql=ast.sql(dialect="duckdb"), column_names=tuple(names), param_types=param_types)
+    return SelectPlan(duckdb_sql=ast.sql(dialect="duckdb"), column_names=tuple(names), param_types=param_types,
+                      session_inputs=tuple(translator.session_inputs), reads_system_catalog=reads_system_catalog)
 
 
-def _resolve_relations(ast: exp.Expr, relation_exists: RelationResolver) -> None:
+def _is_known_setting(name: str) -> bool:
+    from headrace.store.query import session_setting_names  # the session's variables
+
+    return name in session_setting_names()
+
+
+def _version() -> str:
+    from headrace import __version__
+
+    return __version__
+
+
+def _resolve_relations(ast: exp.Expr, relation_exists: RelationResolver) -> bool:
+    """Check every relation exists; map pg_catalog / information_schema relations onto headrace's
+    system catalog. Answers whether the statement reads the system catalog."""
     cte_names = {cte.alias_or_name for cte in ast.find_all(exp.CTE)}
+    reads_system_catalog = False
     for table in list(ast.find_all(exp.Table)):
         if not table.name or isinstance(table.this, exp.Func):
             continue  # a table function such as generate_series(...)
@@ -59,11 +86,28 @@ def _resolve_relations(ast: exp.Expr, relation_exists: RelationResolver) -> None
             continue
         if database != DEFAULT_DATABASE:
             raise FeatureNotSupported(f'cross-database references are not implemented: "{database}.{schema}.{name}"')
+        if table.db in SCHEMA_IN_STORE or not table.db:
+            system_relation = find_system_relation(table.db or None, name)
+            if system_relation is not None:
+                table.set("catalog", exp.to_identifier(SYSTEM_DATABASE))
+                table.set("db", exp.to_identifier(SCHEMA_IN_STORE[system_relation.schema]))
+                table.set("this", exp.to_identifier(system_relation.name, quoted=True))
+                reads_system_catalog = True
+                continue
+            if table.db in SCHEMA_IN_STORE:
+                raise UndefinedObject(f'relation "{table.db}.{name}" does not exist')
         if not relation_exists(schema, name):
             shown = f"{table.db}.{name}" if table.db else name
             raise UndefinedObject(f'relation "{shown}" does not exist')
         # the serving store holds one database: drop the database qualifier
         table.set("catalog", None)
+    if reads_system_catalog:
+        # pg_catalog.pg_class.relname -> pg_class.relname (the relation's own name stays its alias)
+        for column in ast.find_all(exp.Column):
+            if column.args.get("db") is not None and column.db in SCHEMA_IN_STORE:
+                column.set("db", None)
+                column.set("catalog", None)
+    return reads_system_catalog
 
 
 def _output_names(ast: exp.Expr) -> list[str]:
@@ -97,6 +141,12 @@ def _figure_column_name(node: exp.Expr) -> str:
         return "count"
     if isinstance(node, exp.CurrentTimestamp):
         return "now"
+    if isinstance(node, exp.CurrentVersion):
+        return "version"
+    if isinstance(node, exp.Array):
+        return "array"
+    if isinstance(node, exp.Case):
+        return "case"
     if isinstance(node, exp.Anonymous):
         return str(node.this).lower()
     if isinstance(node, exp.Func) and not isinstance(node, (exp.Binary, exp.JSONExtract, exp.JSONExtractScalar)):
@@ -117,7 +167,7 @@ def _param_types(ast: exp.Expr, declared: Sequence[int]) -> tuple[int, ...]:
         parent = node.parent
         oid = TEXT_OID
         if isinstance(parent, exp.Cast):
-            oid = OID_BY_TYPE_NAME.get(PG_TYPE_NAMES.get(parent.to.this, ""), TEXT_OID)
+            oid = _oid_of_type(parent.to) or TEXT_OID
         elif isinstance(parent, (exp.Limit, exp.Offset)):
             oid = OID_BY_TYPE_NAME["int8"]
         inferred.setdefault(number, oid)
@@ -127,6 +177,22 @@ def _param_types(ast: exp.Expr, declared: Sequence[int]) -> tuple[int, ...]:
         declared_oid = declared[number - 1] if number <= len(declared) else 0
         types.append(declared_oid or inferred.get(number, TEXT_OID))
     return tuple(types)
+
+
+def _oid_of_type(data_type: exp.Expr) -> int | None:
+    """The PostgreSQL OID of a cast's target type (int4, int8[], oid, oid[], ...), if known."""
+    if isinstance(data_type, exp.ObjectIdentifier):
+        return OID_BY_TYPE_NAME.get(data_type.name.lower())
+    if not isinstance(data_type, exp.DataType):
+        return None
+    if data_type.this == exp.DataType.Type.ARRAY and data_type.expressions:
+        element = _oid_of_type(data_type.expressions[0])
+        return array_oid_of(element) if element else None
+    if data_type.this == exp.DataType.Type.USERDEFINED:
+        kind = data_type.args.get("kind")
+        name = kind.name if isinstance(kind, exp.Expr) else str(kind or "")
+        return OID_BY_TYPE_NAME.get(name.lower())
+    return OID_BY_TYPE_NAME.get(PG_TYPE_NAMES.get(data_type.this, ""))
 
 
 def _type_parameters(ast: exp.Expr, param_types: Sequence[int], declared: Sequence[int]) -> None:

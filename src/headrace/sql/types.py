@@ -20,7 +20,8 @@ _DUCKDB_TO_OID: dict[str, int] = {
     "INTEGER": pg.INT4, "VARCHAR": pg.TEXT, "JSON": pg.JSONB, "FLOAT": pg.FLOAT4, "DOUBLE": pg.FLOAT8,
     "DATE": pg.DATE, "TIMESTAMP": pg.TIMESTAMP, "TIMESTAMP WITH TIME ZONE": pg.TIMESTAMPTZ,
     "INTERVAL": pg.INTERVAL, "UUID": pg.UUID, "HUGEINT": pg.NUMERIC, "UBIGINT": pg.NUMERIC,
-    "UINTEGER": pg.INT8, "USMALLINT": pg.INT4, "UTINYINT": pg.INT2, "UHUGEINT": pg.NUMERIC,
+    # UINTEGER: only headrace's system catalogs use it, for PostgreSQL's oid (unsigned 32-bit).
+    "UINTEGER": pg.OID, "USMALLINT": pg.INT4, "UTINYINT": pg.INT2, "UHUGEINT": pg.NUMERIC,
     "\"NULL\"": pg.TEXT, "NULL": pg.TEXT,
 }
 
@@ -30,7 +31,11 @@ DUCKDB_TYPE_BY_OID: dict[int, str] = {
     pg.TEXT: "VARCHAR", pg.VARCHAR: "VARCHAR", pg.JSON: "JSON", pg.JSONB: "JSON", pg.FLOAT4: "FLOAT",
     pg.FLOAT8: "DOUBLE", pg.NUMERIC: "DECIMAL(38, 10)", pg.DATE: "DATE", pg.TIMESTAMP: "TIMESTAMP",
     pg.TIMESTAMPTZ: "TIMESTAMPTZ", pg.INTERVAL: "INTERVAL", pg.UUID: "UUID",
+    pg.OID: "UINTEGER", pg.NAME: "VARCHAR", pg.CHAR: "VARCHAR", pg.BPCHAR: "VARCHAR",
 }
+# Arrays of those: int4[] -> INTEGER[], oid[] -> UINTEGER[], ...
+DUCKDB_TYPE_BY_OID.update({array_oid: f"{element}[]" for oid, element in list(DUCKDB_TYPE_BY_OID.items())
+                           if (array_oid := pg.array_oid_of(oid)) is not None})
 
 
 def oid_of_duckdb_type(type_name: str) -> int:

@@ -2,29 +2,89 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import duckdb
 
 from headrace.coordinator.responses import Column
 from headrace.errors import DataError, HeadraceError, UndefinedColumn, UndefinedObject
+from headrace.pgwire import types as pg
 from headrace.sql.select import SelectPlan
 from headrace.sql.types import oid_of_duckdb_type
+from headrace.store.jsonb import jsonb_text
 from headrace.store.serving import ServingStore
+
+# Settings current_setting() can read beyond the session's variables: fixed facts of the server.
+STATIC_SETTINGS = {
+    "max_identifier_length": "63", "block_size": "8192", "max_index_keys": "32", "lc_collate": "C.UTF-8",
+    "lc_ctype": "C.UTF-8", "transaction_read_only": "off", "default_transaction_read_only": "off",
+    "statement_timeout": "0", "lock_timeout": "0", "idle_in_transaction_session_timeout": "0",
+    "max_connections": "100", "data_directory_mode": "0700", "bytea_output": "hex",
+    "default_table_access_method": "heap",
+}
+
+
+class SessionFacts(Protocol):
+    """What execution needs to know of a session (coordinator.session.Session satisfies it)."""
+
+    user: str
+    database: str
+    variables: dict[str, str]
+    connection_id: int
+
+
+def session_setting_names() -> frozenset[str]:
+    from headrace.coordinator.session import default_variables
+
+    return frozenset(default_variables("", "", "")) | frozenset(STATIC_SETTINGS)
+
+
+def session_parameters(plan: SelectPlan, params: Sequence[Any], session: SessionFacts | None) -> list[Any]:
+    """The client's parameters followed by the session values the plan reads (plan.session_inputs)."""
+    if not plan.session_inputs:
+        return list(params)
+    return [*params, *(_session_value(name, session) for name in plan.session_inputs)]
+
+
+def _session_value(name: str, session: SessionFacts | None) -> Any:
+    if session is None:
+        from headrace.coordinator.session import default_variables
+
+        variables: Mapping[str, str] = default_variables("headrace", "headrace", "")
+        user, database, pid = "headrace", "headrace", 0
+    else:
+        variables, user, database, pid = session.variables, session.user, session.database, session.connection_id
+    if name == "user":
+        return user
+    if name == "database":
+        return database
+    if name == "pid":
+        return pid
+    if name in ("setting_names", "setting_values"):
+        settings = {**STATIC_SETTINGS, **variables}
+        return list(settings) if name == "setting_names" else list(settings.values())
+    setting = name.removeprefix("setting:")
+    return variables.get(setting, STATIC_SETTINGS.get(setting))
 
 
 def describe_query(store: ServingStore, plan: SelectPlan) -> tuple[Column, ...]:
     """Output columns without running the query: DuckDB plans a relation lazily."""
     with store.cursor() as cursor:
         try:
-            relation = cursor.sql(plan.duckdb_sql, params=[None] * len(plan.param_types) or None)
+            parameter_count = len(plan.param_types) + len(plan.session_inputs)
+            relation = cursor.sql(plan.duckdb_sql, params=[None] * parameter_count or None)
         except duckdb.Error as exc:
             raise translate_error(exc) from None
         return _columns(plan, relation.columns, [str(t) for t in relation.types])
 
 
-def run_query(cursor: duckdb.DuckDBPyConnection, plan: SelectPlan, params: Sequence[Any]) -> tuple[tuple[Column, ...], list[tuple[Any, ...]]]:
+def run_query(cursor: duckdb.DuckDBPyConnection, plan: SelectPlan, params: Sequence[Any],
+              session: SessionFacts | None = None) -> tuple[tuple[Column, ...], list[tuple[Any, ...]]]:
+    """Run a plan. `params` are the client's; session values the plan reads are appended here unless
+    the caller already did (session_parameters)."""
+    if plan.session_inputs and len(params) == len(plan.param_types):
+        params = session_parameters(plan, params, session)
     try:
         result = cursor.execute(plan.duckdb_sql, list(params) or None)
         rows = result.fetchall()
@@ -33,7 +93,24 @@ def run_query(cursor: duckdb.DuckDBPyConnection, plan: SelectPlan, params: Seque
     description = result.description or []
     names = [entry[0] for entry in description]
     types = [str(entry[1]) for entry in description]
-    return _columns(plan, names, types), rows
+    columns = _columns(plan, names, types)
+    return columns, _postgres_values(columns, rows)
+
+
+def _postgres_values(columns: Sequence[Column], rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Values whose PostgreSQL text differs from what the store returns: jsonb is normalized
+    (key order, spacing) as PostgreSQL's jsonb prints it."""
+    jsonb_positions = [i for i, column in enumerate(columns) if column.type_oid == pg.JSONB]
+    if not jsonb_positions or not rows:
+        return rows
+    converted = []
+    for row in rows:
+        values = list(row)
+        for i in jsonb_positions:
+            if isinstance(values[i], str):
+                values[i] = jsonb_text(values[i])
+        converted.append(tuple(values))
+    return converted
 
 
 def _columns(plan: SelectPlan, names: Sequence[str], types: Sequence[str]) -> tuple[Column, ...]:
@@ -53,6 +130,10 @@ def translate_error(exc: duckdb.Error) -> HeadraceError:
         if "not found" in message and "olumn" in message:
             return UndefinedColumn(message)
         return HeadraceError(message, sqlstate="42883" if "function" in message.lower() else "42804")
+    if message == "division by zero":
+        return DataError(message, sqlstate="22012")
+    if message.startswith(("relation \"", "type \"", "schema \"", "role \"", "function \"")) and message.endswith("does not exist"):
+        return HeadraceError(message, sqlstate="42P01" if message.startswith("relation") else "42704")
     if isinstance(exc, (duckdb.ConversionException, duckdb.InvalidInputException, duckdb.OutOfRangeException)):
         return DataError(message, sqlstate="22P02" if isinstance(exc, duckdb.ConversionException) else "22003")
     if isinstance(exc, duckdb.ParserException):

@@ -1,23 +1,42 @@
-"""Validating one webhook request and turning it into the record the source's log stores.
+"""Validating one webhook request and turning it into the rows the source's log stores.
 
 Sans-I/O: the HTTP layer hands over headers and body bytes; this module decides accept or reject
-(`WebhookRejected` carries the HTTP status) and extracts the idempotency key.
+(`WebhookRejected` carries the HTTP status), evaluates the CHECK once per request, splits the body
+into rows by the BODY FORMAT, and extracts each row's idempotency key.
+
+- TEXT: one row, the body must be UTF-8; BYTES: one row, as received;
+- JSON: every JSON value in the body is a row (one value, or NDJSON / concatenated values);
+- JSON ARRAY: the elements of a top-level array are the rows (an empty array: no rows); any
+  other single JSON value is one row, as in Materialize.
+A JSON row's bytes are its text exactly as the sender wrote it (sliced from the body).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import Any
 
 from headrace.catalog.items import WebhookSource
 from headrace.errors import FeatureNotSupported, HeadraceError
-from headrace.sql.expr import CompiledExpression, compile_expression
-from headrace.sql.expr_values import parse_json_document
+from headrace.sql.ddl import check_columns, key_columns
+from headrace.sql.expr import NOW, CompiledExpression, compile_expression
 from headrace.webhook.record import WebhookRecord
 
-# The columns an IDEMPOTENT expression may read. `headers` is always available to it, even when
-# the source does not INCLUDE HEADERS (the key often comes from a header such as Idempotency-Key).
-KEY_EXPRESSION_COLUMNS = ("body", "headers")
+CHECK_FAILED = "request failed the CHECK"  # never more: the sender must learn nothing about secrets
+
+# Anything evaluating an expression may raise on hostile input; none of it may escape as a 500.
+_EVALUATION_ERRORS = (HeadraceError, RecursionError, ValueError, TypeError, OverflowError, ArithmeticError,
+                      UnicodeError, KeyError, IndexError)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_JSON = json.JSONDecoder(parse_float=Decimal, parse_constant=_reject_constant)
+_WHITESPACE = " \t\n\r"
 
 
 class WebhookRejected(Exception):
@@ -30,39 +49,85 @@ class WebhookRejected(Exception):
 
 
 class WebhookHandler:
+    """Compiled once per source (CHECK, IDEMPOTENT); `validate` runs per request."""
+
     def __init__(self, source: WebhookSource) -> None:
-        if source.body_format != "json":
-            raise FeatureNotSupported(f"BODY FORMAT {source.body_format.upper()} is not supported yet")
+        if source.body_format not in _SPLITTERS:
+            raise FeatureNotSupported(f"BODY FORMAT {source.body_format.upper()} is not supported")
         self.source = source
+        self._split = _SPLITTERS[source.body_format]
         self._idempotency_key: CompiledExpression | None = None
         if source.idempotent_expr is not None:
-            self._idempotency_key = compile_expression(source.idempotent_expr, KEY_EXPRESSION_COLUMNS)
+            self._idempotency_key = compile_expression(source.idempotent_expr, key_columns(source))
+        self._check: CompiledExpression | None = None
+        if source.check_expr is not None:
+            self._check = compile_expression(source.check_expr, check_columns(source))
+        self._header_columns = tuple((c.column, c.header, c.as_bytes) for c in source.header_columns)
+        self._column_headers = frozenset(c.header for c in source.header_columns)
+        self._keeps_headers = source.include_headers or bool(source.header_columns)
 
-    def validate(self, headers: Sequence[tuple[str, str]], body: bytes, received_at_us: int) -> WebhookRecord:
-        """Accept the request as a record, or raise WebhookRejected."""
-        try:
-            body_text = body.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise WebhookRejected(400, f"request body is not valid UTF-8 (byte {error.start})") from None
-        if not body_text.strip():
-            raise WebhookRejected(400, "request body is empty; expected a JSON value")
-        document = _parse_json_body(body_text)
+    def validate(self, headers: Sequence[tuple[str, str]], body: bytes, received_at_us: int) -> list[WebhookRecord]:
+        """The request's rows as records (one per row), or WebhookRejected. Nothing is written here."""
         header_map = _header_map(headers)
-        key = None
-        if self._idempotency_key is not None:
-            key = self._evaluate_key(self._idempotency_key, document, header_map)
-        return WebhookRecord(
-            received_at_us=received_at_us,
-            idempotency_key=key,
-            headers=header_map if self.source.include_headers else None,
-            body_text=body_text,
-        )
+        if self._check is not None:
+            self._run_check(header_map, body, received_at_us)
+        rows = self._split(body)
+        kept = self._kept_headers(header_map) if self._keeps_headers else None
+        key = self._idempotency_key
+        records = []
+        for value, raw in rows:
+            records.append(WebhookRecord(
+                received_at_us=received_at_us,
+                idempotency_key=None if key is None else self._evaluate_key(key, value, header_map, received_at_us),
+                headers=kept,
+                body=raw,
+            ))
+        return records
 
-    @staticmethod
-    def _evaluate_key(expression: CompiledExpression, document: Any, header_map: dict[str, str]) -> str:
+    # ---- CHECK ----------------------------------------------------------------------------------
+    def _run_check(self, header_map: dict[str, str], body: bytes, received_at_us: int) -> None:
+        assert self._check is not None
         try:
-            key = expression.text({"body": document, "headers": header_map})
-        except (HeadraceError, RecursionError):
+            row = self._check_row(header_map, body, received_at_us)
+            passed = self._check(row)
+        except _EVALUATION_ERRORS:
+            passed = False  # an error is a failed CHECK, and says nothing more
+        if passed is not True:
+            raise WebhookRejected(400, CHECK_FAILED)
+
+    def _check_row(self, header_map: dict[str, str], body: bytes, received_at_us: int) -> dict[str, Any]:
+        row: dict[str, Any] = {NOW: received_at_us}
+        options = {option.kind: option for option in self.source.check_options if option.kind != "secret"}
+        body_option = options.get("body")
+        row[body_option.alias if body_option else "body"] = (
+            body if body_option is not None and body_option.as_bytes else body.decode("utf-8"))
+        headers_option = options.get("headers")
+        row[headers_option.alias if headers_option else "headers"] = header_map
+        lookup = self.source.secret_lookup
+        for option in self.source.check_options:
+            if option.kind == "secret":
+                assert option.secret is not None
+                value = lookup(option.secret) if lookup is not None else None
+                if value is None:
+                    raise KeyError("secret")  # not named: the message must not reach the sender anyway
+                row[option.alias] = value if option.as_bytes else value.decode("utf-8")
+        return row
+
+    # ---- rows -----------------------------------------------------------------------------------
+    def _kept_headers(self, header_map: dict[str, str]) -> dict[str, str]:
+        """The headers the source stores: its INCLUDE HEADERS filter, plus any INCLUDE HEADER column's."""
+        keeps, columns = self.source.keeps_header, self._column_headers
+        return {name: value for name, value in header_map.items() if name in columns or keeps(name)}
+
+    def _evaluate_key(self, expression: CompiledExpression, value: Any, header_map: dict[str, str],
+                      received_at_us: int) -> str:
+        row: dict[str, Any] = {"body": value, "headers": header_map, NOW: received_at_us}
+        for column, header, as_bytes in self._header_columns:
+            found = header_map.get(header)
+            row[column] = found.encode("utf-8") if as_bytes and found is not None else found
+        try:
+            key = expression.text(row)
+        except _EVALUATION_ERRORS:
             # The sender gets no details: a CHECK-like expression must not leak what it computes.
             raise WebhookRejected(400, "could not evaluate the idempotency key for this request") from None
         if key is None:
@@ -70,9 +135,84 @@ class WebhookHandler:
         return key
 
 
-def _parse_json_body(body_text: str) -> Any:
+# -- body formats: body bytes -> [(value the expressions see, the row's bytes)] -------------------------
+
+Rows = list[tuple[Any, bytes]]
+
+
+def _text_rows(body: bytes) -> Rows:
+    return [(_utf8(body, "text"), body)]
+
+
+def _bytes_rows(body: bytes) -> Rows:
+    return [(body, body)]
+
+
+def _json_rows(body: bytes) -> Rows:
+    text = _utf8(body, "JSON")
+    rows: Rows = []
+    index = _skip_whitespace(text, 0)
+    if index == len(text):
+        raise WebhookRejected(400, "request body is empty; expected a JSON value")
+    while index < len(text):
+        value, end = _decode_at(text, index)
+        rows.append((value, text[index:end].encode("utf-8")))
+        index = _skip_whitespace(text, end)
+    return rows
+
+
+def _json_array_rows(body: bytes) -> Rows:
+    text = _utf8(body, "JSON")
+    index = _skip_whitespace(text, 0)
+    if index == len(text):
+        raise WebhookRejected(400, "request body is empty; expected a JSON array")
+    if text[index] != "[":
+        value, end = _decode_at(text, index)
+        if _skip_whitespace(text, end) != len(text):
+            raise WebhookRejected(400, "request body is not valid JSON: extra data after the value")
+        return [(value, text[index:end].encode("utf-8"))]
+    rows: Rows = []
+    index = _skip_whitespace(text, index + 1)
+    if text[index : index + 1] == "]":
+        index += 1
+    else:
+        while True:
+            value, end = _decode_at(text, index)
+            rows.append((value, text[index:end].encode("utf-8")))
+            index = _skip_whitespace(text, end)
+            separator = text[index : index + 1]
+            index = _skip_whitespace(text, index + 1)
+            if separator == "]":
+                break
+            if separator != ",":
+                raise WebhookRejected(400, "request body is not valid JSON: expected ',' or ']' in the array")
+    if _skip_whitespace(text, index) != len(text):
+        raise WebhookRejected(400, "request body is not valid JSON: extra data after the array")
+    return rows
+
+
+_SPLITTERS: dict[str, Callable[[bytes], Rows]] = {
+    "text": _text_rows, "bytes": _bytes_rows, "json": _json_rows, "json_array": _json_array_rows,
+}
+
+
+def _utf8(body: bytes, what: str) -> str:
     try:
-        return parse_json_document(body_text)
+        return body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise WebhookRejected(400, f"request body is not valid UTF-8 (byte {error.start}); BODY FORMAT {what} "
+                                   "needs UTF-8") from None
+
+
+def _skip_whitespace(text: str, index: int) -> int:
+    while index < len(text) and text[index] in _WHITESPACE:
+        index += 1
+    return index
+
+
+def _decode_at(text: str, index: int) -> tuple[Any, int]:
+    try:
+        return _JSON.raw_decode(text, index)
     except RecursionError:
         raise WebhookRejected(400, "request body is not valid JSON: nested too deeply") from None
     except ValueError as error:

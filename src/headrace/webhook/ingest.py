@@ -1,63 +1,244 @@
-"""From a validated request to a durable record: one log per webhook source, and their registry.
+"""From a validated request to durable, deduplicated rows: one log per webhook source, and their registry.
 
 The coordinator fills the registry on CREATE/DROP SOURCE and at start; the HTTP layer looks
-sources up by (database, schema, name) and awaits `ingest`, which returns once the record is
-fsync'd. Log directories are named by the source's stable id, so DROP + CREATE starts afresh.
+sources up by (database, schema, name) and awaits `ingest`, which returns once every row of the
+request is fsync'd. Log directories are named by the source's stable id, so DROP + CREATE starts afresh.
+
+Idempotency (seed 002) happens here, at ingest, per row of a source with IDEMPOTENT:
+- key not seen within the window: the row is appended as new;
+- key seen within the window (same body or not): the row is appended as a replacement carrying
+  `prev_offset`, the log offset of the row it supersedes; the pipeline deletes that row and stores
+  this one, so the source holds one row per key with the latest body and arrival time, and the
+  key's window restarts from this write.
+The decision is taken in the group-commit thread for a whole batch at once (one index lookup per
+batch); two rows with one key in the same batch make the second a replacement of the first. The
+index learns a batch only after it is durable, so it never runs ahead of the log.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from headrace.catalog.items import WebhookSource
-from headrace.errors import DuplicateObject
-from headrace.log.group_commit import GroupCommitter
+from headrace.errors import DuplicateObject, InternalError
+from headrace.log.group_commit import GroupCommitter, next_offset
 from headrace.log.segments import SegmentedLog
+from headrace.webhook.dedupe import INDEX_FILE, DedupeIndex, KeyEntry, body_hash, catch_up, key_hash
 from headrace.webhook.handler import WebhookHandler
-from headrace.webhook.record import encode
+from headrace.webhook.metrics import SourceMetrics
+from headrace.webhook.record import WebhookRecord, encode
+from headrace.webhook.request_log import RequestLog
+
+log = logging.getLogger(__name__)
 
 SourceKey = tuple[str, str, str]  # (database, schema, name)
+DEFAULT_WINDOW_US = 24 * 3600 * 1_000_000
+
+NEW, DUPLICATE, REPLACED = 0, 1, 2  # what the index made of a row
+
+
+@dataclass(frozen=True)
+class IngestSettings:
+    """System settings of webhook ingest (CLI flags of `headrace up`; see docs/webhooks.md)."""
+
+    max_body_bytes: int = 5 << 20
+    max_concurrent_requests: int = 500  # in flight at once, all sources: beyond it, 429
+    max_concurrent_requests_per_source: int = 500
+    group_commit_max_batch: int = 1024  # rows per fsync
+    group_commit_max_wait_ms: float = 0.0  # wait this long for a batch to fill: throughput against latency
+    request_log_size: int = 100  # requests kept per source in headrace_internal.webhook_requests
+    dedupe_cache_mb: int = 32  # SQLite page cache per source's idempotency index
+    eviction_interval_s: float = 60.0  # how often keys older than the window are forgotten
+
+
+class _Row:
+    __slots__ = ("record", "key_hash", "body_hash", "outcome")
+
+    def __init__(self, record: WebhookRecord) -> None:
+        self.record = record
+        key = record.idempotency_key
+        self.key_hash = key_hash(key) if key is not None else None
+        self.body_hash = body_hash(record.body) if key is not None else b""
+        self.outcome = NEW
+
+
+class DedupeCodec:
+    """The group committer's codec: decides new or replacement per row against the index (in the
+    writer thread, before the write) and records the batch in the index (after the fsync)."""
+
+    def __init__(self, index: DedupeIndex | None, window_us: int) -> None:
+        self.index = index
+        self.window_us = window_us
+        self._entries: list[tuple[bytes, KeyEntry]] = []
+
+    def encode(self, rows: list[_Row], start_offset: int) -> list[bytes]:
+        if self.index is None:
+            return [encode(row.record) for row in rows]
+        known = self.index.lookup([row.key_hash for row in rows if row.key_hash is not None])
+        in_batch: dict[bytes, KeyEntry] = {}
+        payloads: list[bytes] = []
+        offset = start_offset
+        window_us = self.window_us
+        for row in rows:
+            record = row.record
+            hashed = row.key_hash
+            if hashed is not None:
+                previous = in_batch.get(hashed) or known.get(hashed)
+                if previous is not None and previous.received_at_us >= record.received_at_us - window_us:
+                    row.outcome = DUPLICATE if previous.body_hash == row.body_hash else REPLACED
+                    record = record.replacing(previous.log_offset)
+                else:
+                    row.outcome = NEW
+                in_batch[hashed] = KeyEntry(record.received_at_us, row.body_hash, offset)
+            payload = encode(record)
+            payloads.append(payload)
+            offset = next_offset(offset, payload)
+        self._entries = list(in_batch.items())
+        return payloads
+
+    def durable(self, rows: list[_Row], offsets: list[int], end_offset: int) -> None:
+        if self.index is None:
+            return
+        expected = {offset for _, entry in self._entries for offset in (entry.log_offset,)}
+        if not expected <= set(offsets):
+            raise InternalError("the log placed records at other offsets than the index expected")
+        self.index.record(self._entries, end_offset)
 
 
 class SourceIngestor:
-    """Validates requests for one source and appends them durably to its log."""
+    """Validates requests for one source, deduplicates their rows and appends them durably to its log."""
 
-    def __init__(self, source: WebhookSource, log_dir: Path) -> None:
+    def __init__(self, source: WebhookSource, log_dir: Path, settings: IngestSettings | None = None,
+                 window_us: int | None = None) -> None:
         self.source = source
         self.log_dir = log_dir
+        self.settings = settings or IngestSettings()
         self.handler = WebhookHandler(source)  # first: a bad expression must not leave a log open
+        self.metrics = SourceMetrics()
+        self.requests = RequestLog(self.settings.request_log_size)
+        self.in_flight = 0
         self._log = SegmentedLog(log_dir)
-        self._committer = GroupCommitter(self._log)
+        self._index: DedupeIndex | None = None
+        try:
+            if source.idempotent_expr is not None:
+                self._index = DedupeIndex(log_dir / INDEX_FILE, cache_bytes=self.settings.dedupe_cache_mb << 20)
+                replayed = catch_up(self._index, log_dir, self._log.end_offset)
+                if replayed:
+                    log.info("%s: idempotency index caught up over %d log records", source.name, replayed)
+        except BaseException:
+            self._close_files()
+            raise
+        self._codec = DedupeCodec(self._index, window_us if window_us is not None else _window_of(source))
+        self._committer = GroupCommitter(self._log, max_batch=self.settings.group_commit_max_batch,
+                                         max_wait_s=self.settings.group_commit_max_wait_ms / 1000,
+                                         codec=self._codec)
+        self._evictor: asyncio.Task[None] | None = None
+        with contextlib.suppress(RuntimeError):  # no running loop: no background eviction (unit tests)
+            if self._index is not None:
+                self._evictor = asyncio.get_running_loop().create_task(self._evict_forever(), name="dedupe-evict")
+
+    @property
+    def window_us(self) -> int:
+        return self._codec.window_us
+
+    def set_window(self, window_us: int) -> None:
+        """ALTER SOURCE ... SET (WINDOW = ...): applies from the next batch on."""
+        self._codec.window_us = window_us
 
     async def ingest(self, headers: Sequence[tuple[str, str]], body: bytes, received_at_us: int) -> int:
-        """Validate (WebhookRejected) and append; returns the record's offset once it is durable.
-        Raises ServiceUnavailable when the log cannot be written."""
-        record = self.handler.validate(headers, body, received_at_us)
-        return await self._committer.append(encode(record))
+        """Like `ingest_rows`, returning the log offset of the request's first row."""
+        offsets = await self.ingest_rows(headers, body, received_at_us)
+        return offsets[0] if offsets else -1
+
+    async def ingest_rows(self, headers: Sequence[tuple[str, str]], body: bytes, received_at_us: int) -> list[int]:
+        """Validate (WebhookRejected) and append every row; returns their log offsets once all are
+        durable. Raises ServiceUnavailable when the log cannot be written."""
+        records = self.handler.validate(headers, body, received_at_us)
+        if isinstance(records, WebhookRecord):  # the handler of one row per request
+            records = [records]
+        rows = [_Row(record) for record in records]
+        if not rows:
+            return []
+        offsets = await self._committer.append_many(rows)
+        metrics = self.metrics
+        for row in rows:
+            if row.outcome == NEW:
+                metrics.rows_new += 1
+            elif row.outcome == DUPLICATE:
+                metrics.rows_duplicate += 1
+            else:
+                metrics.rows_replaced += 1
+        return offsets
 
     @property
     def failure(self) -> str | None:
         """Why the log refuses writes (after an fsync error it needs reopening), or None."""
         return self._committer.failure
 
+    async def evict_expired(self, now_us: int | None = None, batch: int = 5_000) -> int:
+        """Forget keys older than the window (in the background, batch by batch); returns how many."""
+        if self._index is None:
+            return 0
+        cutoff = (now_us if now_us is not None else time.time_ns() // 1000) - self.window_us
+        total = 0
+        while True:
+            removed = await asyncio.to_thread(self._index.evict, cutoff, batch)
+            total += removed
+            if removed < batch:
+                return total
+
+    async def _evict_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.eviction_interval_s)
+            try:
+                await self.evict_expired()
+            except Exception:  # noqa: BLE001 - eviction failing only delays forgetting; ingest goes on
+                log.exception("%s: evicting expired idempotency keys", self.source.name)
+
     async def close(self) -> None:
-        """Finish the appends already queued, then close the log."""
+        """Finish the appends already queued, then close the log and the index."""
+        if self._evictor is not None:
+            self._evictor.cancel()
+            await asyncio.gather(self._evictor, return_exceptions=True)
         await self._committer.close()
+        self._close_files()
+
+    def _close_files(self) -> None:
         self._log.close()
+        if self._index is not None:
+            self._index.close()
+
+
+def _window_of(source: WebhookSource) -> int:
+    window = getattr(source, "window_us", None)  # catalog items carry WINDOW from the webhook issue on
+    return int(window) if window else DEFAULT_WINDOW_US
 
 
 class IngestRegistry:
-    def __init__(self) -> None:
+    def __init__(self, settings: IngestSettings | None = None) -> None:
+        self.settings = settings or IngestSettings()
         self._ingestors: dict[SourceKey, SourceIngestor] = {}
 
     def add(self, source: WebhookSource, log_dir: Path) -> SourceIngestor:
         key = (source.database, source.schema, source.name)
         if key in self._ingestors:
             raise DuplicateObject(f'webhook source "{".".join(key)}" is already registered')
-        ingestor = SourceIngestor(source, log_dir)
+        ingestor = SourceIngestor(source, log_dir, self.settings)
         self._ingestors[key] = ingestor
         return ingestor
+
+    def update(self, source: WebhookSource) -> None:
+        """The catalog item changed in place (ALTER SOURCE ... SET (WINDOW = ...))."""
+        ingestor = self._ingestors.get((source.database, source.schema, source.name))
+        if ingestor is not None:
+            ingestor.source = source
+            ingestor.set_window(_window_of(source))
 
     async def remove(self, database: str, schema: str, name: str) -> None:
         """Stop taking requests for the source (at once), then finish and close its log."""
@@ -67,6 +248,9 @@ class IngestRegistry:
 
     def lookup(self, database: str, schema: str, name: str) -> SourceIngestor | None:
         return self._ingestors.get((database, schema, name))
+
+    def items(self) -> Iterator[tuple[SourceKey, SourceIngestor]]:
+        return iter(list(self._ingestors.items()))
 
     def __len__(self) -> int:
         return len(self._ingestors)

@@ -7,7 +7,12 @@ resume. `start_commit` applies all staged Stores and writes the checkpoint in ON
 statement updates the checkpoint only where the fence is still ours: zero rows updated means a newer runtime
 opened meanwhile, so the transaction rolls back and FencedOff is raised. Data and checkpoint are therefore
 durable together when StartedCommit is sent, and a zombie runtime can never commit. Within that transaction, per
-binding: one DELETE for Stores with `delete`, one INSERT for new keys, one INSERT OR REPLACE for existing keys.
+binding: one DELETE for Stores with `delete`, one INSERT for new keys, one INSERT OR REPLACE for existing keys,
+and the binding's changelog rows at the commit's timestamp (-1 for each old row replaced or deleted, +1 for each
+new row; see store/serving.py); the checkpoint row records the timestamp as `committed_at`. Acknowledged is sent
+right after StartedCommit (nothing is left to apply). Delta-updates bindings append rows.
+
+`ServingConnector` answers the control requests: Spec, Validate (field constraints) and Apply (create/migrate).
 
 Documents live as columns: the binding's key and value columns (JSON as text, TIMESTAMPTZ from/to integer
 microseconds). Loaded documents are rebuilt from those columns, so fields outside them are not kept.
@@ -25,18 +30,39 @@ import pyarrow as pa
 
 from headrace.errors import DataError, FeatureNotSupported
 from headrace.materialize.protocol import (
+    FIELD_FORBIDDEN,
+    INCOMPATIBLE,
+    LOCATION_RECOMMENDED,
+    LOCATION_REQUIRED,
+    PROTOCOL_VERSION,
     Acknowledged,
+    Applied,
+    Apply,
     Binding,
     FencedOff,
+    FieldConstraint,
     Load,
     Loaded,
     MaterializationError,
     Open,
     Opened,
+    Spec,
+    SpecResponse,
     StartedCommit,
     Store,
+    Validate,
+    ValidatedBinding,
+    Validated,
 )
-from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore, qualified_name, quote_ident
+from headrace.store.serving import (
+    CHANGELOG_COLUMNS,
+    CHECKPOINTS_TABLE,
+    SUPPORTED_TYPES,
+    ServingStore,
+    changelog_table,
+    qualified_name,
+    quote_ident,
+)
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "VARCHAR": pa.string(),
@@ -80,9 +106,10 @@ def _column(name: str, duckdb_type: str, is_key: bool) -> _Column:
 class _BindingPlan:
     """The SQL and Arrow schemas of one binding, prepared once per open."""
 
-    def __init__(self, binding: Binding) -> None:
+    def __init__(self, binding: Binding, table_columns: list[str]) -> None:
         self.binding = binding
         self.table = qualified_name(binding.resource_path)
+        changelog = changelog_table(binding.resource_path)
         self.keys = [_column(c, binding.column_types[c], True) for c in binding.key]
         self.values = [_column(c, binding.column_types[c], False) for c in binding.values]
         columns = self.keys + self.values
@@ -94,6 +121,14 @@ class _BindingPlan:
         self.delete_sql = f"DELETE FROM {self.table} AS t USING {_KEYS} AS k WHERE {key_match}"
         self.insert_sql = f"INSERT INTO {self.table} ({column_list}) SELECT {column_list} FROM {_STAGED}"
         self.upsert_sql = f"INSERT OR REPLACE INTO {self.table} ({column_list}) SELECT {column_list} FROM {_STAGED}"
+        # Changelog: -1 for the old rows (every column of the table, so it matches what was stored), +1 for new.
+        every_column = ", ".join(quote_ident(c) for c in table_columns)
+        old_columns = ", ".join(f"t.{quote_ident(c)}" for c in table_columns)
+        self.retract_sql = {name: f"INSERT INTO {changelog} (hr_timestamp, hr_diff, {every_column}) "
+                                  f"SELECT $1, -1, {old_columns} FROM {self.table} AS t "
+                                  f"JOIN {name} AS k ON {key_match}" for name in (_KEYS, _STAGED)}
+        self.add_sql = (f"INSERT INTO {changelog} (hr_timestamp, hr_diff, {column_list}) "
+                        f"SELECT $1, 1, {column_list} FROM {_STAGED}")
         self.columns = columns
 
     def keys_table(self, keys: list[list[Any]]) -> pa.Table:
@@ -162,9 +197,12 @@ class ServingTransactor:
         self._staged: dict[int, _StagedRows] = {}  # per binding index
 
     def open(self, open: Open) -> Opened:
+        self._plans = []
         for binding in open.spec.bindings:
-            self._store.apply(binding)
-        self._plans = [_BindingPlan(b) for b in open.spec.bindings]
+            self._store.apply(binding)  # idempotent: a no-op once Apply ran
+            table_columns = self._store.columns(binding.resource_path)
+            assert table_columns is not None
+            self._plans.append(_BindingPlan(binding, list(table_columns)))
         self._name = open.spec.name
         self._key_range = (open.key_begin, open.key_end)
         self._cursor = cursor = self._store.cursor()
@@ -193,7 +231,8 @@ class ServingTransactor:
             return checkpoint
         # A new range inherits the covering parent's (bumped) fence and checkpoint; a new materialization starts.
         self._fence = 1 if covering is None else int(covering[2])
-        cursor.execute(f"INSERT INTO {CHECKPOINTS_TABLE} VALUES (?, ?, ?, ?, ?)",
+        cursor.execute(f"INSERT INTO {CHECKPOINTS_TABLE} (materialization, key_begin, key_end, fence, checkpoint) "
+                       "VALUES (?, ?, ?, ?, ?)",
                        [self._name, begin, end, self._fence, checkpoint])
         return checkpoint
 
@@ -242,14 +281,15 @@ class ServingTransactor:
         """Commit staged Stores and the checkpoint in one transaction, checkpoint (fence check) last."""
         cursor = self._active()
         staged, self._staged = self._staged, {}
+        timestamp = self._store.next_commit_timestamp()
         cursor.begin()
         try:
             for binding_index, stores in staged.items():
-                self._apply_stores(cursor, self._plans[binding_index], stores)
+                self._apply_stores(cursor, self._plans[binding_index], stores, timestamp)
             updated = cursor.execute(
-                f"UPDATE {CHECKPOINTS_TABLE} SET checkpoint = ? "
+                f"UPDATE {CHECKPOINTS_TABLE} SET checkpoint = ?, committed_at = ? "
                 "WHERE materialization = ? AND key_begin = ? AND key_end = ? AND fence = ?",
-                [json.dumps(runtime_checkpoint, separators=(",", ":")), self._name, *self._key_range,
+                [json.dumps(runtime_checkpoint, separators=(",", ":")), timestamp, self._name, *self._key_range,
                  self._fence]).fetchone()
             if updated is None or updated[0] != 1:
                 raise self._fenced_off()
@@ -266,19 +306,26 @@ class ServingTransactor:
         return StartedCommit(state=None)
 
     @staticmethod
-    def _apply_stores(cursor: duckdb.DuckDBPyConnection, plan: _BindingPlan, staged: _StagedRows) -> None:
-        """Deletions, then new rows by plain INSERT, then existing rows by INSERT OR REPLACE (an in-place update).
+    def _apply_stores(cursor: duckdb.DuckDBPyConnection, plan: _BindingPlan, staged: _StagedRows,
+                      timestamp: int) -> None:
+        """Deletions, then new rows by plain INSERT, then existing rows by INSERT OR REPLACE (an in-place update),
+        each with its changelog rows: old rows retracted before they change, new rows added.
 
         Not DELETE + INSERT for updates: in DuckDB 1.4 deleting 100k keyed rows from a 400k-row table took
         3.9 s, the in-place upsert 0.1 s. A plain INSERT for new keys keeps a PRIMARY KEY violation loud if a
         row exists that Load did not see (that would mean a second writer)."""
-        for name, tables, sql in ((_KEYS, staged.deleted_keys, plan.delete_sql),
-                                  (_STAGED, staged.new_rows, plan.insert_sql),
-                                  (_STAGED, staged.existing_rows, plan.upsert_sql)):
+        for name, tables, sql, retract, add in (
+                (_KEYS, staged.deleted_keys, plan.delete_sql, True, False),
+                (_STAGED, staged.new_rows, plan.insert_sql, False, True),
+                (_STAGED, staged.existing_rows, plan.upsert_sql, True, True)):
             if tables:
                 cursor.register(name, pa.concat_tables(tables))
                 try:
+                    if retract:
+                        cursor.execute(plan.retract_sql[name], [timestamp])
                     cursor.execute(sql)
+                    if add:
+                        cursor.execute(plan.add_sql, [timestamp])
                 finally:
                     cursor.unregister(name)
 
@@ -304,3 +351,46 @@ class ServingTransactor:
         if self._cursor is None:
             raise MaterializationError(f"transactor of {self._name or 'a materialization'} is not open")
         return self._cursor
+
+
+class ServingConnector:
+    """Spec, Validate and Apply for the serving store (see the module docstring)."""
+
+    def __init__(self, store: ServingStore) -> None:
+        self._store = store
+
+    def spec(self, spec: Spec) -> SpecResponse:
+        return SpecResponse(protocol=PROTOCOL_VERSION, config_schema={"type": "object"}, resource_config_schema={
+            "type": "object", "required": ["table"],
+            "properties": {"schema": {"type": "string", "default": "public"}, "table": {"type": "string"},
+                           "delta_updates": {"type": "boolean", "default": False, "x-delta-updates": True}}})
+
+    def validate(self, validate: Validate) -> Validated:
+        """Key fields are required; names the changelog uses are forbidden; a type the store cannot hold, or
+        one that differs from an existing column's, is incompatible; every other field is recommended."""
+        answers = []
+        for proposal in validate.bindings:
+            existing = self._store.columns(proposal.resource_path) or {}
+            constraints: dict[str, FieldConstraint] = {}
+            for name, type_name in proposal.fields.items():
+                type_name = type_name.upper()
+                if name in CHANGELOG_COLUMNS:
+                    constraints[name] = FieldConstraint(FIELD_FORBIDDEN, "the name is reserved for the changelog")
+                elif type_name not in SUPPORTED_TYPES:
+                    constraints[name] = FieldConstraint(INCOMPATIBLE, f"type {type_name} cannot be stored")
+                elif name in existing and existing[name][0] != type_name:
+                    constraints[name] = FieldConstraint(
+                        INCOMPATIBLE, f"the existing column has type {existing[name][0]}, not {type_name}")
+                elif name in proposal.key:
+                    constraints[name] = FieldConstraint(LOCATION_REQUIRED, "a key of the collection")
+                else:
+                    constraints[name] = FieldConstraint(LOCATION_RECOMMENDED, "a field of the collection")
+            answers.append(ValidatedBinding(proposal.resource_path, constraints, proposal.delta_updates))
+        return Validated(tuple(answers))
+
+    def apply(self, apply: Apply) -> Applied:
+        """Create or migrate every binding's table and changelog; applying the same spec again does nothing."""
+        actions: list[str] = []
+        for binding in apply.materialization.bindings:
+            actions += self._store.apply(binding)
+        return Applied(action_description="; ".join(actions) if actions else "no changes")

@@ -298,6 +298,11 @@ class FrontendDecoder:
             self._offset = 0
         self._buffer += data
 
+    @property
+    def buffered_size(self) -> int:
+        """Bytes received but not yet decoded into a message."""
+        return len(self._buffer) - self._offset
+
     def next_message(self) -> FrontendMessage | None:
         """The next complete message, or None until more bytes arrive."""
         buffer, start = self._buffer, self._offset

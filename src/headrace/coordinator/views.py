@@ -1,0 +1,237 @@
+"""CREATE / DROP MATERIALIZED VIEW, SHOW MATERIALIZED VIEWS, SHOW CREATE MATERIALIZED VIEW.
+
+CREATE compiles the statement (sql/views.py refuses what cannot be maintained incrementally), records the
+view in the catalog, then makes its serving-store resources: the view's table (the binding the pipeline
+materializes into), the public relation over it, and its row of headrace_internal.view_schemas (the
+generated schema with its reduce annotations). `ensure` is idempotent, so start-up repairs whatever a crash
+left half-made. The dependency graph (view -> the relation it reads) orders start-up and guards DROP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from sqlglot import exp
+
+from headrace.catalog.catalog import Catalog
+from headrace.catalog.items import WebhookSource
+from headrace.catalog.views import MaterializedView
+from headrace.coordinator.responses import Column, CommandComplete, ExecuteResponse, SendingRows
+from headrace.errors import DuplicateObject, HeadraceError, InternalError, UndefinedObject
+from headrace.materialize.sources import source_binding
+from headrace.sql.ast import ShowCreateObject, ShowObjects
+from headrace.sql.ddl import qualified_name
+from headrace.sql.parser import parse_statement
+from headrace.sql.types import TEXT_OID
+from headrace.sql.view_serving import (
+    INTERNAL_SCHEMA,
+    VIEW_SCHEMAS_DDL,
+    VIEW_SCHEMAS_TABLE,
+    public_relation_sql,
+    view_binding,
+    view_schema_row,
+)
+from headrace.sql.views import InputRelation, ViewPlan, compile_view, is_create_materialized_view, view_name
+from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore
+
+KIND = "materialized view"
+SHOW_COLUMNS = (Column("name", TEXT_OID), Column("type", TEXT_OID))
+SHOW_CREATE_COLUMNS = (Column("name", TEXT_OID), Column("create_sql", TEXT_OID), Column("reduce_schema", TEXT_OID))
+DependentObjectsStillExist = "2BP01"
+# DuckDB type of a source column -> its PostgreSQL type, for the view compiler.
+_PG_TYPES = {"JSON": "jsonb", "VARCHAR": "text", "TIMESTAMPTZ": "timestamptz", "BIGINT": "int8",
+             "INTEGER": "int4", "DOUBLE": "float8", "BOOLEAN": "bool", "BLOB": "bytea"}
+
+
+def handles(ast: exp.Expr) -> bool:
+    """Whether this module executes `ast`."""
+    if is_create_materialized_view(ast) or isinstance(ast, ShowCreateObject):
+        return True
+    if isinstance(ast, exp.Drop):
+        return bool(ast.args.get("materialized")) and str(ast.args.get("kind") or "").upper() == "VIEW"
+    return isinstance(ast, ShowObjects) and ast.args.get("kind") == KIND
+
+
+def source_relation(source: WebhookSource) -> InputRelation:
+    types = source_binding(source).column_types
+    columns = {name: _PG_TYPES.get(types[name].upper(), types[name].lower()) for name in source.column_names()}
+    return InputRelation(kind="source", item_id=source.id, name=source.name, columns=columns, key=("log_offset",),
+                         append_only=source.idempotent_expr is None)
+
+
+class ViewDdl:
+    def __init__(self, catalog: Catalog, store: ServingStore, executor: ThreadPoolExecutor, ddl_lock: asyncio.Lock,
+                 pipeline_checkpoints: Path | None = None,
+                 on_views_changed: Callable[[list[MaterializedView]], None] | None = None) -> None:
+        self.catalog = catalog
+        self.store = store
+        self.executor = executor
+        self._ddl_lock = ddl_lock
+        self._pipeline_checkpoints = pipeline_checkpoints  # <data>/pipeline/checkpoints
+        self._on_views_changed = on_views_changed
+        self._plans: dict[str, ViewPlan] = {}
+        with store.cursor() as cursor:
+            cursor.execute(VIEW_SCHEMAS_DDL)
+
+    # ---- the dependency graph -----------------------------------------------------------------
+    def lookup(self, schema: str, name: str) -> InputRelation | None:
+        """The relation a view may read: a source or another view (tables come with the tables issue)."""
+        source = self.catalog.find(schema, name)
+        if isinstance(source, WebhookSource):
+            return source_relation(source)
+        view = self.catalog.find_view(schema, name)
+        if view is not None:
+            plan = self.plan(view)
+            columns = {o.name: o.pg_type for o in plan.outputs}
+            return InputRelation(kind="view", item_id=view.id, name=view.name, columns=columns, key=("hr_key",),
+                                 append_only=plan.append_only)
+        return None
+
+    def plan(self, view: MaterializedView) -> ViewPlan:
+        plan = self._plans.get(view.id)
+        if plan is None:
+            statement = parse_statement(view.create_sql)
+            assert isinstance(statement, exp.Create)
+            plan = self._plans[view.id] = compile_view(statement, self.lookup)
+        return plan
+
+    def dependents(self, schema: str, name: str) -> list[MaterializedView]:
+        """Views reading the relation schema.name (directly)."""
+        return [v for v in self.catalog.views() if (v.input_schema, v.input_name) == (schema, name)]
+
+    def in_dependency_order(self) -> list[MaterializedView]:
+        """Every view after the views it reads (creation order is one, since a view's input exists first)."""
+        return sorted(self.catalog.views(), key=lambda v: int(v.id[1:]))
+
+    def is_system_relation(self, schema: str, name: str) -> bool:
+        return f"{schema}.{name}" == VIEW_SCHEMAS_TABLE
+
+    # ---- statements ---------------------------------------------------------------------------
+    def columns(self, ast: exp.Expr) -> tuple[Column, ...] | None:
+        if isinstance(ast, ShowCreateObject):
+            return SHOW_CREATE_COLUMNS
+        if isinstance(ast, ShowObjects):
+            return SHOW_COLUMNS
+        return None
+
+    async def execute(self, ast: exp.Expr, sql: str) -> ExecuteResponse:
+        if isinstance(ast, ShowObjects):
+            rows = [(v.name, KIND) for v in self.in_dependency_order() if ast.args.get("schema") in (None, v.schema)]
+            return SendingRows(SHOW_COLUMNS, rows, tag_verb="SHOW")
+        if isinstance(ast, ShowCreateObject):
+            _, schema, name = qualified_name(ast.this)
+            view = self.catalog.find_view(schema, name)
+            if view is None:
+                raise UndefinedObject(f'unknown materialized view "{name}"')
+            schema_json = json.dumps(self.plan(view).reduce_schema, indent=1)
+            return SendingRows(SHOW_CREATE_COLUMNS, [(view.name, view.create_sql, schema_json)], tag_verb="SHOW")
+        if isinstance(ast, exp.Drop):
+            return await self._drop(ast)
+        assert isinstance(ast, exp.Create)
+        return await self._create(ast, sql)
+
+    async def _create(self, ast: exp.Create, sql: str) -> CommandComplete:
+        async with self._ddl_lock:
+            schema, name = view_name(ast)
+            if self.catalog.find(schema, name) is not None or self.catalog.find_view(schema, name) is not None:
+                if ast.args.get("exists"):
+                    return CommandComplete("CREATE MATERIALIZED VIEW", (f'relation "{name}" already exists, skipping',))
+                raise DuplicateObject(f'relation "{name}" already exists')
+            plan = compile_view(ast, self.lookup)  # refuses here, before anything is recorded
+            view = MaterializedView(id=self.catalog.allocate_id(), name=name, create_sql=sql.strip().rstrip(";").strip(),
+                                    input_schema=_input_schema(ast), input_name=plan.input.name)
+            self._plans[view.id] = plan
+            self.catalog.add_view(view)  # durable first: start-up re-creates missing resources
+            await self._run(self.ensure, view)
+            self._views_changed()
+            return CommandComplete("CREATE MATERIALIZED VIEW")
+
+    async def _drop(self, ast: exp.Drop) -> CommandComplete:
+        async with self._ddl_lock:
+            notices: list[str] = []
+            targets: list[MaterializedView] = []
+            for table in ast.expressions:
+                _, schema, name = qualified_name(table)
+                view = self.catalog.find_view(schema, name)
+                if view is None:
+                    if ast.args.get("exists"):
+                        notices.append(f'materialized view "{name}" does not exist, skipping')
+                        continue
+                    raise UndefinedObject(f'materialized view "{name}" does not exist')
+                targets.append(view)
+            cascade = bool(ast.args.get("cascade"))
+            ordered: list[MaterializedView] = []
+            for view in targets:
+                self._collect_dependents(view, cascade, ordered)
+            for view in ordered:
+                self.catalog.remove_view(view.id)
+                await self._run(self.remove_resources, view)
+                self._plans.pop(view.id, None)
+            if ordered:
+                self._views_changed()
+            return CommandComplete("DROP MATERIALIZED VIEW", tuple(notices))
+
+    def _collect_dependents(self, view: MaterializedView, cascade: bool, ordered: list[MaterializedView]) -> None:
+        """Dependents first (a view is dropped after every view reading it); without CASCADE, refuse."""
+        for dependent in self.dependents(view.schema, view.name):
+            if not cascade:
+                raise HeadraceError(f'cannot drop materialized view "{view.name}" because other objects depend on it',
+                                    sqlstate=DependentObjectsStillExist,
+                                    detail=f'materialized view "{dependent.name}" depends on materialized view "{view.name}"',
+                                    hint="Use DROP ... CASCADE to drop the dependent objects too.")
+            self._collect_dependents(dependent, cascade, ordered)
+        if view not in ordered:
+            ordered.append(view)
+
+    def refuse_drop_of_input(self, schema: str, name: str, kind: str = "source") -> None:
+        """For DROP SOURCE (and later DROP TABLE): refuse while views read the relation."""
+        dependents = self.dependents(schema, name)
+        if dependents:
+            raise HeadraceError(f'cannot drop {kind} "{name}" because other objects depend on it',
+                                sqlstate=DependentObjectsStillExist,
+                                detail="\n".join(f'materialized view "{v.name}" depends on {kind} "{name}"' for v in dependents),
+                                hint="DROP the materialized views first.")
+
+    # ---- resources (blocking; run in the executor) --------------------------------------------
+    def ensure(self, view: MaterializedView) -> None:
+        """Create the view's table, public relation and schema row if missing (idempotent)."""
+        plan = self.plan(view)
+        self.store.apply(view_binding(plan, view.id))
+        with self.store.cursor() as cursor:
+            cursor.execute(public_relation_sql(plan, view.id))
+            cursor.execute(f"INSERT OR REPLACE INTO {VIEW_SCHEMAS_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           list(view_schema_row(plan, view.id)))
+
+    def ensure_all(self) -> None:
+        """Start-up: every view's resources, inputs before the views reading them."""
+        for view in self.in_dependency_order():
+            self.ensure(view)
+
+    def remove_resources(self, view: MaterializedView) -> None:
+        with self.store.cursor() as cursor:
+            cursor.execute(f'DROP VIEW IF EXISTS {view.schema}."{view.name}"')
+            cursor.execute(f"DELETE FROM {VIEW_SCHEMAS_TABLE} WHERE id = ?", [view.id])
+            cursor.execute(f"DELETE FROM {CHECKPOINTS_TABLE} WHERE materialization = ?", [view.materialization])
+        self.store.drop((INTERNAL_SCHEMA, view.materialization))
+        if self._pipeline_checkpoints is not None:
+            shutil.rmtree(self._pipeline_checkpoints / view.materialization, ignore_errors=True)
+
+    # ---- plumbing -----------------------------------------------------------------------------
+    def _views_changed(self) -> None:
+        if self._on_views_changed is not None:
+            self._on_views_changed(self.in_dependency_order())
+
+    async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+
+
+def _input_schema(ast: exp.Create) -> str:
+    from_ = ast.expression.args.get("from_") or ast.expression.args.get("from")
+    if from_ is None or not isinstance(from_.this, exp.Table):
+        raise InternalError("a compiled view has one input table")
+    return from_.this.db or "public"

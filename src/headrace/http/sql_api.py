@@ -1,0 +1,385 @@
+"""The HTTP SQL API, in Materialize's shape, over the same sessions and coordinator as pgwire.
+
+POST /api/sql  (one session per request; `?options={json}` sets session variables)
+    {"query": "SELECT 1; SELECT 2"}                         simple: several statements
+    {"queries": [{"query": "SELECT $1::int", "params": ["1"]}]}  extended: one statement each
+  -> 200 {"results": [{"tag", "rows", "desc": {"columns": [...]}, "notices"} | {"ok": tag, "notices"}
+                      | {"error": {"message", "code", "detail", "hint"}, "notices"}]}
+     processing stops at the first error; 400 (text) for a request that is not of that form.
+GET /api/experimental/sql  (WebSocket: one session for the socket's life)
+    first message {"user", "password", "options"}: ParameterStatus*, BackendKeyData, ReadyForQuery;
+    then requests as above, each answered by CommandStarting, Rows, Row*, CommandComplete | Error,
+    Notice, and one ReadyForQuery. A SUBSCRIBE streams Row messages until it ends or the socket
+    closes.
+
+Values are JSON as Materialize writes them: booleans and json/jsonb as JSON, arrays as arrays,
+numbers and everything else as their PostgreSQL text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from headrace.coordinator.responses import (
+    Column,
+    CommandComplete,
+    CopyFrom,
+    CopyTo,
+    EmptyQuery,
+    ExecuteResponse,
+    SendingRows,
+    Subscribing,
+)
+from headrace.errors import FeatureNotSupported, HeadraceError
+from headrace.pgwire import types as pg
+from headrace.pgwire.interfaces import AdapterClient, SessionClient
+
+DEFAULT_USER = "headrace"
+DATABASE = "headrace"
+UNNAMED = ""
+
+
+class SqlEndpoint:
+    """The adapter client behind the routes; None until the coordinator is up (503 meanwhile)."""
+
+    def __init__(self) -> None:
+        self.adapter: AdapterClient | None = None
+
+
+SQL_ENDPOINT: web.AppKey[SqlEndpoint] = web.AppKey("headrace_sql_endpoint", SqlEndpoint)
+
+
+def add_sql_routes(app: web.Application) -> SqlEndpoint:
+    endpoint = SqlEndpoint()
+    app[SQL_ENDPOINT] = endpoint
+    app.router.add_post("/api/sql", _http_sql)
+    app.router.add_get("/api/experimental/sql", _websocket_sql)
+    return endpoint
+
+
+def set_sql_adapter(app: web.Application, adapter: AdapterClient) -> None:
+    app[SQL_ENDPOINT].adapter = adapter
+
+
+# --- requests and events ------------------------------------------------------------------------
+
+class BadRequest(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    sql: str
+    params: tuple[str | None, ...] | None  # None: the simple form (several statements allowed)
+
+
+def parse_request(body: object) -> list[Query]:
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object with \"query\" or \"queries\"")
+    if "query" in body and "queries" not in body:
+        if not isinstance(body["query"], str):
+            raise BadRequest("\"query\" must be a string")
+        return [Query(body["query"], None)]
+    queries = body.get("queries")
+    if not isinstance(queries, list) or "query" in body:
+        raise BadRequest("request body must have exactly one of \"query\" or \"queries\"")
+    parsed = []
+    for item in queries:
+        if not isinstance(item, dict) or not isinstance(item.get("query"), str):
+            raise BadRequest("each of \"queries\" must be an object with a \"query\" string")
+        params = item.get("params") or []
+        if not isinstance(params, list) or not all(p is None or isinstance(p, str) for p in params):
+            raise BadRequest("\"params\" must be an array of strings or nulls")
+        parsed.append(Query(item["query"], tuple(params)))
+    return parsed
+
+
+@dataclass
+class Event:
+    """One thing to tell the client: `kind` is a WebSocket message type."""
+
+    kind: str  # CommandStarting | Rows | Row | CommandComplete | Error | Notice
+    payload: Any
+
+
+@dataclass
+class RequestRun:
+    """Runs one request's statements in a session and yields what happened, in order."""
+
+    session: SessionClient
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    allow_streaming: bool = True
+
+    async def events(self, queries: Sequence[Query]) -> AsyncIterator[Event]:
+        try:
+            for query in queries:
+                if query.params is None:
+                    statements = self.session.split_statements(query.sql)
+                    for statement in statements:
+                        async for event in self._statement(statement, None):
+                            yield event
+                else:
+                    statements = self.session.split_statements(query.sql)
+                    if len(statements) > 1:
+                        raise HeadraceError("each query must contain exactly one statement", sqlstate="42601")
+                    async for event in self._statement(statements[0] if statements else "", query.params):
+                        yield event
+        except HeadraceError as error:
+            self.session.on_error()
+            yield Event("Error", error_payload(error))
+        finally:
+            self.session.on_sync()
+
+    async def _statement(self, sql: str, params: Sequence[str | None] | None) -> AsyncIterator[Event]:
+        await self.session.prepare(UNNAMED, sql, ())
+        description = self.session.describe_statement(UNNAMED)
+        given = params or ()
+        if len(given) != len(description.param_types):
+            raise HeadraceError(f"request supplies {len(given)} parameters, but the statement requires "
+                                f"{len(description.param_types)}", sqlstate="08P01")
+        values = [pg.decode_parameter(oid, pg.TEXT_FORMAT, None if value is None else value.encode())
+                  for oid, value in zip(description.param_types, given, strict=True)]
+        self.session.bind(UNNAMED, UNNAMED, values)
+        result = await self.session.execute(UNNAMED, 0, self.cancel)
+        async for event in self._result(result):
+            yield event
+
+    async def _result(self, result: ExecuteResponse) -> AsyncIterator[Event]:
+        if isinstance(result, SendingRows):
+            yield Event("CommandStarting", {"has_rows": True, "is_streaming": False})
+            yield Event("Rows", describe(result.columns))
+            converters = [json_converter(column.type_oid) for column in result.columns]
+            for row in result.rows:
+                yield Event("Row", [None if value is None else convert(value)
+                                    for value, convert in zip(row, converters, strict=True)])
+            yield Event("CommandComplete", f"{result.tag_verb} {len(result.rows)}")
+        elif isinstance(result, Subscribing):
+            if not self.allow_streaming:
+                result.cancel()
+                raise FeatureNotSupported("SUBSCRIBE is not supported over POST /api/sql",
+                                          hint="use the WebSocket endpoint /api/experimental/sql")
+            yield Event("CommandStarting", {"has_rows": True, "is_streaming": True})
+            yield Event("Rows", describe(result.columns))
+            converters = [json_converter(column.type_oid) for column in result.columns]
+            try:
+                async for batch in result.batches:
+                    for row in batch:
+                        yield Event("Row", [None if value is None else convert(value)
+                                            for value, convert in zip(row, converters, strict=True)])
+            finally:
+                result.cancel()
+            yield Event("CommandComplete", "SUBSCRIBE")
+        elif isinstance(result, CommandComplete):
+            yield Event("CommandStarting", {"has_rows": False, "is_streaming": False})
+            for notice in result.notices:
+                yield Event("Notice", {"message": notice, "code": "00000", "severity": "notice"})
+            yield Event("CommandComplete", result.tag)
+        elif isinstance(result, EmptyQuery):
+            return
+        elif isinstance(result, (CopyTo, CopyFrom)):
+            if isinstance(result, CopyTo):
+                aclose = getattr(result.data, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            raise FeatureNotSupported("COPY is not supported over the HTTP API", hint="use a PostgreSQL client")
+        else:
+            raise FeatureNotSupported(f"unexpected response {type(result).__name__}")
+
+
+def error_payload(error: HeadraceError) -> dict[str, Any]:
+    payload: dict[str, Any] = {"message": error.message, "code": error.sqlstate}
+    if error.detail is not None:
+        payload["detail"] = error.detail
+    if error.hint is not None:
+        payload["hint"] = error.hint
+    return payload
+
+
+def describe(columns: Sequence[Column]) -> dict[str, Any]:
+    return {"columns": [{"name": column.name, "type_oid": column.type_oid,
+                         "type_len": column.type_size if column.type_size != -1 else pg.type_size(column.type_oid),
+                         "type_mod": column.type_modifier} for column in columns]}
+
+
+def json_converter(oid: int) -> Any:
+    """The function that turns a non-NULL value of this type into its JSON form."""
+    if oid == pg.BOOL:
+        return bool
+    if oid in (pg.JSON, pg.JSONB):
+        return lambda value: json.loads(value) if isinstance(value, (str, bytes)) else value
+    element = pg.pg_type(oid).element_oid
+    if element is not None:
+        convert_element = json_converter(element)
+        return lambda value: [None if item is None else convert_element(item) for item in value]
+    encode = pg.value_encoder(oid, pg.TEXT_FORMAT)
+    return lambda value: encode(value).decode()
+
+
+# --- POST /api/sql ------------------------------------------------------------------------------
+
+def _user_of(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    if header.lower().startswith("basic "):
+        try:
+            return base64.b64decode(header[6:]).decode().split(":", 1)[0] or DEFAULT_USER
+        except ValueError:
+            return DEFAULT_USER
+    return DEFAULT_USER
+
+
+def _options_of(request: web.Request) -> dict[str, str]:
+    raw = request.query.get("options")
+    if raw is None:
+        return {}
+    try:
+        options = json.loads(raw)
+    except ValueError:
+        raise BadRequest("options must be a JSON object") from None
+    if not isinstance(options, dict):
+        raise BadRequest("options must be a JSON object")
+    return {str(name): str(value) for name, value in options.items()}
+
+
+async def _http_sql(request: web.Request) -> web.StreamResponse:
+    adapter = request.app[SQL_ENDPOINT].adapter
+    if adapter is None:
+        return web.Response(status=503, text="headrace is starting; retry later", headers={"Retry-After": "1"})
+    try:
+        queries = parse_request(await request.json())
+        options = _options_of(request)
+    except (BadRequest, ValueError) as exc:
+        return web.Response(status=400, text=str(exc) if isinstance(exc, BadRequest) else "request body is not JSON")
+    try:
+        session = await adapter.new_session(_user_of(request), DATABASE, options)
+    except HeadraceError as error:
+        return web.Response(status=error.http_status if error.http_status != 500 else 400, text=error.message)
+    try:
+        results = await _collect(RequestRun(session, allow_streaming=False), queries)
+    finally:
+        await session.terminate()
+    return web.json_response({"results": results}, dumps=_dumps)
+
+
+async def _collect(run: RequestRun, queries: Sequence[Query]) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    notices: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    async for event in run.events(queries):
+        if event.kind == "Rows":
+            current = {"tag": None, "rows": [], "desc": event.payload, "notices": notices}
+        elif event.kind == "Row":
+            assert current is not None
+            current["rows"].append(event.payload)
+        elif event.kind == "Notice":
+            notices.append({"message": event.payload["message"], "severity": event.payload["severity"]})
+        elif event.kind == "CommandComplete":
+            if current is not None:
+                current["tag"] = event.payload
+                results.append(current)
+            else:
+                results.append({"ok": event.payload, "notices": notices})
+            current, notices = None, []
+        elif event.kind == "Error":
+            results.append({"error": event.payload, "notices": notices})
+    return results
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+# --- WebSocket /api/experimental/sql ------------------------------------------------------------
+
+async def _websocket_sql(request: web.Request) -> web.StreamResponse:
+    adapter = request.app[SQL_ENDPOINT].adapter
+    if adapter is None:
+        return web.Response(status=503, text="headrace is starting; retry later", headers={"Retry-After": "1"})
+    ws = web.WebSocketResponse(heartbeat=30)
+    await ws.prepare(request)
+    try:
+        auth = await _first_message(ws)
+        options = auth.get("options") or {}
+        if not isinstance(options, dict):
+            raise BadRequest("options must be a JSON object")
+        user = auth.get("user") if isinstance(auth.get("user"), str) else DEFAULT_USER
+        session = await adapter.new_session(user or DEFAULT_USER, DATABASE,
+                                            {str(k): str(v) for k, v in options.items()})
+    except (BadRequest, HeadraceError) as exc:
+        message = exc.message if isinstance(exc, HeadraceError) else str(exc)
+        await ws.close(code=1008, message=message.encode()[:120])
+        return ws
+    try:
+        for name, value in session.startup_parameters().items():
+            await _send(ws, "ParameterStatus", {"name": name, "value": value})
+        await _send(ws, "BackendKeyData", {"conn_id": session.connection_id, "secret_key": session.secret_key})
+        await _send(ws, "ReadyForQuery", session.transaction_status)
+        await _serve_requests(ws, session)
+    finally:
+        await session.terminate()
+        if not ws.closed:
+            await ws.close()
+    return ws
+
+
+async def _first_message(ws: web.WebSocketResponse) -> dict[str, Any]:
+    message = await ws.receive()
+    if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+        raise BadRequest("expected an authentication message")
+    try:
+        auth = json.loads(message.data)
+    except ValueError:
+        raise BadRequest("the authentication message must be JSON") from None
+    if not isinstance(auth, dict):
+        raise BadRequest("the authentication message must be a JSON object")
+    return auth
+
+
+async def _serve_requests(ws: web.WebSocketResponse, session: SessionClient) -> None:
+    """Requests are read by one task and run by another, so a closed socket cancels a statement
+    that is still running (a SUBSCRIBE streams until then)."""
+    requests: asyncio.Queue[Any] = asyncio.Queue()
+    running: dict[str, asyncio.Event] = {}
+
+    async def read() -> None:
+        async for message in ws:
+            if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                await requests.put(message.data)
+            elif message.type == WSMsgType.ERROR:
+                break
+        for event in running.values():
+            event.set()
+        await requests.put(None)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while (data := await requests.get()) is not None:
+            run = RequestRun(session)
+            running["current"] = run.cancel
+            try:
+                queries = parse_request(json.loads(data))
+            except (BadRequest, ValueError) as exc:
+                message = str(exc) if isinstance(exc, BadRequest) else "request is not JSON"
+                await _send(ws, "Error", {"message": message, "code": "08P01"})
+            else:
+                async for event in run.events(queries):
+                    if ws.closed:
+                        break
+                    await _send(ws, event.kind, event.payload)
+            running.pop("current", None)
+            if ws.closed:
+                break
+            await _send(ws, "ReadyForQuery", session.transaction_status)
+    finally:
+        reader.cancel()
+
+
+async def _send(ws: web.WebSocketResponse, kind: str, payload: Any) -> None:
+    if not ws.closed:
+        await ws.send_str(_dumps({"type": kind, "payload": payload}))

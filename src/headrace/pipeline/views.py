@@ -1,0 +1,371 @@
+"""The Spark side of view maintenance: one transaction's input changes -> one partial document per key.
+
+Input: a DataFrame of changes (the change-stream contract), one row per change:
+  - the input relation's columns, with jsonb as JSON text and timestamptz as long microseconds (as the
+    log source and the materialization protocol carry them);
+  - hr_diff int (+1 insert, -1 retraction), hr_seq long (order of the change in the stream; a
+    replacement's -1 and +1 share it, the -1 sorting first), hr_row string (canonical JSON of the
+    input row's key), hr_at long (arrival of this row version: orders first/last/array_agg).
+
+Spark parses JSON, evaluates WHERE, projections and group keys, shuffles by group and sums the weighted
+counts and sums; per group the few list-shaped states (value counts, keyed sets) are folded on the
+driver from Spark's collected lists. `view_documents` returns [(key, partial doc)] for
+Runtime.transact; the runtime reduces each with the stored document and calls ViewPlan.finalize.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from sqlglot import exp
+
+from headrace.errors import FeatureNotSupported
+from headrace.sql.view_aggregates import KEEPS_NULLS, Aggregate, Change, Maintenance, fold
+from headrace.sql.view_scalars import ARITHMETIC, COMPARISONS, NUMERIC_RANK, type_of
+from headrace.sql.views import DELETED_FIELD, KEY_FIELD, ROWS_FIELD, STATE_FIELD, ViewPlan
+
+SPARK_TYPES = {"int2": "smallint", "int4": "int", "int8": "bigint", "float4": "double", "float8": "double",
+               "numeric": "decimal(38,10)", "text": "string", "varchar": "string", "bool": "boolean",
+               "timestamptz": "timestamp"}
+_canonical = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
+
+
+# ---------------------------------------------------------------------------------------------- expressions
+
+class SparkExpressions:
+    """Translates a view's scalar expressions (sqlglot, already checked by view_scalars.type_of) into Spark
+    Columns over a frame whose jsonb columns are VARIANT and timestamptz columns are TIMESTAMP."""
+
+    def __init__(self, columns: Mapping[str, str]) -> None:
+        self.columns = columns
+
+    def __call__(self, node: exp.Expr) -> Column:
+        return self.column(node)
+
+    def type(self, node: exp.Expr) -> str:
+        return type_of(node, self.columns)
+
+    def column(self, node: exp.Expr) -> Column:  # noqa: C901 - one dispatch over node kinds
+        c = self.column
+        if isinstance(node, exp.Column):
+            return F.col(f"`{node.name}`")
+        if isinstance(node, exp.Literal):
+            if node.is_string:
+                return F.lit(node.this)
+            text = node.this
+            return F.lit(Decimal(text)) if any(ch in text for ch in ".eE") else F.lit(int(text))
+        if isinstance(node, exp.Boolean):
+            return F.lit(bool(node.this))
+        if isinstance(node, exp.Null):
+            return F.lit(None)
+        if isinstance(node, exp.Paren):
+            return c(node.this)
+        if isinstance(node, exp.Neg):
+            return -c(node.this)
+        if isinstance(node, exp.Cast):
+            return self._cast(node)
+        if isinstance(node, (exp.JSONExtract, exp.JSONExtractScalar)):
+            path = _spark_json_path(node.expression)
+            target = "variant" if isinstance(node, exp.JSONExtract) else "string"
+            return F.variant_get(c(node.this), path, target)
+        if isinstance(node, ARITHMETIC):
+            return self._arithmetic(node)
+        if isinstance(node, exp.DPipe):
+            return F.concat(self._text(node.this), self._text(node.expression))
+        if isinstance(node, COMPARISONS):
+            left, right = c(node.this), c(node.expression)
+            op = {exp.EQ: "__eq__", exp.NEQ: "__ne__", exp.GT: "__gt__", exp.GTE: "__ge__", exp.LT: "__lt__",
+                  exp.LTE: "__le__"}[type(node)]
+            return getattr(left, op)(right)
+        if isinstance(node, exp.And):
+            return c(node.this) & c(node.expression)
+        if isinstance(node, exp.Or):
+            return c(node.this) | c(node.expression)
+        if isinstance(node, exp.Not):
+            return ~c(node.this)
+        if isinstance(node, exp.Is):
+            if isinstance(node.expression, exp.Null):
+                return c(node.this).isNull()
+            return c(node.this).eqNullSafe(F.lit(node.expression.this))
+        if isinstance(node, exp.In):
+            return c(node.this).isin(*[c(value) for value in node.expressions])
+        if isinstance(node, exp.Between):
+            return c(node.this).between(c(node.args["low"]), c(node.args["high"]))
+        if isinstance(node, exp.Like):
+            return F.like(c(node.this), c(node.expression))
+        if isinstance(node, exp.ILike):
+            return F.ilike(c(node.this), c(node.expression))
+        if isinstance(node, exp.Coalesce):
+            return F.coalesce(*[c(v) for v in (node.this, *node.expressions)])
+        if isinstance(node, exp.Greatest):
+            return F.greatest(*[c(v) for v in (node.this, *node.expressions)])
+        if isinstance(node, exp.Least):
+            return F.least(*[c(v) for v in (node.this, *node.expressions)])
+        if isinstance(node, exp.Nullif):
+            return F.nullif(c(node.this), c(node.expression))
+        if isinstance(node, exp.Case):
+            return self._case(node)
+        if isinstance(node, exp.Length):
+            return F.length(c(node.this))
+        if isinstance(node, exp.Lower):
+            return F.lower(c(node.this))
+        if isinstance(node, exp.Upper):
+            return F.upper(c(node.this))
+        if isinstance(node, exp.Trim):
+            return F.trim(c(node.this))
+        if isinstance(node, exp.Substring):
+            start = c(node.args["start"]) if node.args.get("start") is not None else F.lit(1)
+            length = c(node.args["length"]) if node.args.get("length") is not None else F.lit(2**31 - 1)
+            return c(node.this).substr(start, length)
+        if isinstance(node, exp.Replace):
+            return F.replace(c(node.this), c(node.expression), c(node.args["replacement"]))
+        if isinstance(node, exp.Left):
+            return F.left(c(node.this), c(node.expression))
+        if isinstance(node, exp.Right):
+            return F.right(c(node.this), c(node.expression))
+        if isinstance(node, exp.MD5):
+            return F.md5(c(node.this))
+        if isinstance(node, exp.SplitPart):
+            return F.split_part(c(node.this), c(node.args["delimiter"]), c(node.args["part_index"]))
+        if isinstance(node, exp.Concat):
+            return F.concat_ws("", *[self._text(v) for v in node.expressions])
+        if isinstance(node, (exp.Abs, exp.Floor, exp.Ceil, exp.Round)):
+            return self._math(node)
+        if isinstance(node, exp.TimestampTrunc):
+            return F.date_trunc(node.args["unit"].name.lower(), c(node.this))
+        raise FeatureNotSupported(f"{node.sql(dialect='postgres')} has no Spark translation")
+
+    def _text(self, node: exp.Expr) -> Column:
+        return F.to_json(self.column(node)) if self.type(node) in ("jsonb", "json") else self.column(node).cast("string")
+
+    def _cast(self, node: exp.Cast) -> Column:
+        source, target = self.type(node.this), type_of(node, self.columns)
+        operand = self.column(node.this)
+        if target in ("jsonb", "json"):
+            return operand if source in ("jsonb", "json") else F.parse_json(operand.cast("string"))
+        if source in ("jsonb", "json") and target in ("text", "varchar"):
+            return F.to_json(operand)
+        if target == "bool" and source in ("text", "varchar", "unknown"):
+            return F.lower(F.trim(operand)).cast("boolean")
+        return operand.cast(SPARK_TYPES[target])
+
+    def _arithmetic(self, node: exp.Expr) -> Column:
+        left, right = self.column(node.this), self.column(node.expression)
+        result = type_of(node, self.columns)
+        if isinstance(node, exp.Add):
+            return left + right
+        if isinstance(node, exp.Sub):
+            return left - right
+        if isinstance(node, exp.Mul):
+            return left * right
+        if isinstance(node, exp.Mod):
+            return left % right
+        if result in ("int2", "int4", "int8"):
+            # PostgreSQL divides integers truncating toward zero; Spark's `/` is always fractional.
+            # (a - a % b) is an exact multiple of b (both truncate toward zero), and b = 0 still raises.
+            return ((left - left % right) / right).cast(SPARK_TYPES[result])
+        return left / right
+
+    def _case(self, node: exp.Case) -> Column:
+        branches = node.args.get("ifs") or []
+        subject = self.column(node.this) if node.this is not None else None
+        result: Any = None
+        for branch in branches:
+            condition = self.column(branch.this)
+            if subject is not None:
+                condition = subject == condition
+            value = self.column(branch.args["true"])
+            result = F.when(condition, value) if result is None else result.when(condition, value)
+        default = node.args.get("default")
+        return result.otherwise(self.column(default)) if default is not None else result
+
+    def _math(self, node: exp.Expr) -> Column:
+        operand = self.column(node.this)
+        result_type = SPARK_TYPES[type_of(node, self.columns)]
+        if isinstance(node, exp.Abs):
+            return F.abs(operand)
+        if isinstance(node, exp.Floor):
+            return F.floor(operand).cast(result_type)
+        if isinstance(node, exp.Ceil):
+            return F.ceil(operand).cast(result_type)
+        decimals = node.args.get("decimals")
+        scale = int(decimals.this) if isinstance(decimals, exp.Literal) else 0
+        return F.round(operand.cast("decimal(38,10)") if result_type.startswith("decimal") else operand, scale).cast(result_type)
+
+
+def _spark_json_path(path: exp.Expr) -> str:
+    steps = ["$"]
+    for part in path.expressions:
+        if isinstance(part, exp.JSONPathRoot):
+            continue
+        if isinstance(part, exp.JSONPathKey):
+            key = str(part.this).replace("\\", "\\\\").replace("'", "\\'")
+            steps.append(f"['{key}']")
+        elif isinstance(part, exp.JSONPathSubscript):
+            steps.append(f"[{int(part.this)}]")
+        else:
+            raise FeatureNotSupported(f"JSON path step {part.sql()} is not supported in views")
+    return "".join(steps)
+
+
+def doc_value(column: Column, pg_type: str) -> Column:
+    """A column as the protocol carries values: jsonb as JSON text (parsed on the driver), timestamptz as
+    microseconds, numeric as double."""
+    if pg_type in ("jsonb", "json"):
+        return F.to_json(column)
+    if pg_type == "timestamptz":
+        return F.unix_micros(column)
+    if pg_type in ("numeric", "float4"):
+        return column.cast("double")
+    return column
+
+
+def _from_doc(value: Any, pg_type: str) -> Any:
+    if pg_type in ("jsonb", "json") and value is not None:
+        return json.loads(value)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- changes
+
+def prepare_changes(plan: ViewPlan, changes: DataFrame) -> DataFrame:
+    """Parse jsonb columns into VARIANT and timestamptz micros into TIMESTAMP, once per change."""
+    replacements: dict[str, Column] = {}
+    for name, pg_type in plan.input.columns.items():
+        if name not in changes.columns:
+            continue
+        if pg_type in ("jsonb", "json"):
+            replacements[name] = F.parse_json(F.col(f"`{name}`"))
+        elif pg_type == "timestamptz":
+            replacements[name] = F.timestamp_micros(F.col(f"`{name}`"))
+    return changes.withColumns(replacements) if replacements else changes
+
+
+def view_documents(plan: ViewPlan, changes: DataFrame) -> list[tuple[list[Any], dict[str, Any]]]:
+    """One transaction's changes -> [(key, partial document)], at most one per key."""
+    frame = prepare_changes(plan, changes)
+    translate = SparkExpressions(plan.input.columns)
+    if plan.filter is not None:
+        frame = frame.where(translate(plan.filter))
+    if plan.aggregating:
+        return _aggregate_documents(plan, frame, translate)
+    return _projection_documents(plan, frame, translate)
+
+
+def _projection_documents(plan: ViewPlan, frame: DataFrame, translate: SparkExpressions) -> list[tuple[list[Any], dict[str, Any]]]:
+    outputs = [doc_value(translate(o.expression), o.pg_type).alias(f"o{i}") for i, o in enumerate(plan.outputs)]
+    rows = frame.select("hr_row", "hr_seq", "hr_diff", *outputs).toArrow().to_pylist()
+    # Last change of each input row wins (no shuffle: the runtime stores each key once anyway).
+    rows.sort(key=lambda r: (r["hr_seq"], r["hr_diff"]))
+    latest: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        latest[row["hr_row"]] = row
+    documents = []
+    for key, row in latest.items():
+        if row["hr_diff"] < 0:
+            doc: dict[str, Any] = {KEY_FIELD: key, DELETED_FIELD: True}
+        else:
+            doc = {KEY_FIELD: key}
+            for i, output in enumerate(plan.outputs):
+                doc[f"o{i}"] = _from_doc(row[f"o{i}"], output.pg_type)
+        documents.append(([key], doc))
+    return documents
+
+
+def _aggregate_documents(plan: ViewPlan, frame: DataFrame, translate: SparkExpressions) -> list[tuple[list[Any], dict[str, Any]]]:
+    keys = [doc_value(translate(key), t).alias(f"k{i}") for i, (key, t) in enumerate(zip(plan.group_keys, plan.group_key_types))]
+    columns = [F.sum("hr_diff").alias(ROWS_FIELD)]
+    for aggregate in plan.aggregates:
+        columns.extend(_partial_columns(aggregate, translate))
+    grouped = frame.groupBy(*keys).agg(*columns) if keys else frame.agg(*columns)
+    documents = []
+    for row in grouped.toArrow().to_pylist():
+        if row[ROWS_FIELD] is None:
+            continue  # a global aggregate over no changes
+        key_values = [_from_doc(row[f"k{i}"], t) for i, t in enumerate(plan.group_key_types)]
+        key = _canonical(key_values)
+        state: dict[str, Any] = {ROWS_FIELD: row[ROWS_FIELD]}
+        for aggregate in plan.aggregates:
+            partial = _partial_state(aggregate, row)
+            if partial is not None:
+                state[aggregate.field] = partial
+        doc: dict[str, Any] = {KEY_FIELD: key, **{f"k{i}": v for i, v in enumerate(key_values)}, STATE_FIELD: state}
+        documents.append(([key], doc))
+    return documents
+
+
+def _partial_columns(aggregate: Aggregate, translate: SparkExpressions) -> list[Column]:
+    name, m = aggregate.field, aggregate.maintenance
+    args = [translate(a) for a in aggregate.args]
+    condition: Column = F.lit(True)
+    if aggregate.filter is not None:
+        condition = F.coalesce(translate(aggregate.filter), F.lit(False))
+    if args and aggregate.function not in KEEPS_NULLS:
+        condition = condition & args[0].isNotNull()
+    diff = F.col("hr_diff")
+    counted = F.coalesce(F.sum(F.when(condition, diff).otherwise(0)), F.lit(0))
+    if m is Maintenance.COUNT:
+        return [counted.alias(f"{name}_n")]
+    if m is Maintenance.SUM:
+        number = args[0].cast("bigint" if aggregate.output_type == "int8" else "double")
+        return [F.coalesce(F.sum(F.when(condition, diff * number)), F.lit(0)).alias(f"{name}_s"), counted.alias(f"{name}_n")]
+    if m is Maintenance.BOOL_COUNTS:
+        return [F.coalesce(F.sum(F.when(condition & args[0], diff).otherwise(0)), F.lit(0)).alias(f"{name}_t"),
+                F.coalesce(F.sum(F.when(condition & ~args[0], diff).otherwise(0)), F.lit(0)).alias(f"{name}_f")]
+    value = doc_value(args[0], aggregate.arg_types[0]) if args else F.lit(None)
+    if m is Maintenance.EXTREME:
+        extreme = F.min if aggregate.function == "min" else F.max
+        return [extreme(F.when(condition, value)).alias(f"{name}_v")]
+    if m in (Maintenance.FIRST_WRITE, Maintenance.LAST_WRITE):
+        by = F.min_by if m is Maintenance.FIRST_WRITE else F.max_by
+        return [by(F.struct(value.alias("v")), F.when(condition, F.col("hr_seq"))).alias(f"{name}_w")]
+    # List-shaped states: Spark gathers the group's changes, the driver folds them (view_aggregates.fold).
+    fields = [F.col("hr_seq").alias("seq"), diff.alias("diff"), F.col("hr_row").alias("row"), F.col("hr_at").alias("at")]
+    fields += [doc_value(arg, t).alias(f"x{i}") for i, (arg, t) in enumerate(zip(args, aggregate.arg_types))]
+    return [F.collect_list(F.when(condition, F.struct(*fields))).alias(f"{name}_l")]
+
+
+def _partial_state(aggregate: Aggregate, row: Mapping[str, Any]) -> Any:
+    name, m = aggregate.field, aggregate.maintenance
+    if m is Maintenance.COUNT:
+        return row[f"{name}_n"]
+    if m is Maintenance.SUM:
+        return {"s": row[f"{name}_s"], "n": row[f"{name}_n"]}
+    if m is Maintenance.BOOL_COUNTS:
+        return {"t": row[f"{name}_t"], "f": row[f"{name}_f"]}
+    if m is Maintenance.EXTREME:
+        return row[f"{name}_v"]
+    if m in (Maintenance.FIRST_WRITE, Maintenance.LAST_WRITE):
+        written = row[f"{name}_w"]
+        return None if written is None else {"v": _from_doc(written["v"], aggregate.arg_types[0])}
+    changes = [Change(seq=entry["seq"], diff=entry["diff"], row=entry["row"], at=entry["at"],
+                      args=tuple(_from_doc(entry[f"x{i}"], t) for i, t in enumerate(aggregate.arg_types)))
+               for entry in row[f"{name}_l"] or ()]
+    return fold(aggregate, changes)
+
+
+# ---------------------------------------------------------------------------------------------- sources
+
+def source_changes(batch: DataFrame, replaced: DataFrame | None = None) -> DataFrame:
+    """A webhook source micro-batch as a change stream.
+
+    `batch`: the log source's rows (log_offset, received_at, idempotency_key, headers, body, ...); each is
+    +1. `replaced`: the old versions of rows this batch replaces (same idempotency key), read from the log
+    at each record's prev_offset, with a `replaced_by` column holding the replacing record's log_offset;
+    each is -1, ordered just before its replacement."""
+    inserted = batch.select(
+        "*", F.lit(1).alias("hr_diff"), F.col("log_offset").alias("hr_seq"),
+        F.concat(F.lit("["), F.col("log_offset").cast("string"), F.lit("]")).alias("hr_row"),
+        F.col("log_offset").alias("hr_at"))
+    if replaced is None:
+        return inserted
+    retracted = replaced.select(
+        *[F.col(c) for c in batch.columns], F.lit(-1).alias("hr_diff"), F.col("replaced_by").alias("hr_seq"),
+        F.concat(F.lit("["), F.col("log_offset").cast("string"), F.lit("]")).alias("hr_row"),
+        F.col("log_offset").alias("hr_at"))
+    return inserted.unionByName(retracted)

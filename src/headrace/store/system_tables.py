@@ -1,0 +1,95 @@
+"""System relations that live in the server's memory, queryable in SQL like any relation:
+
+    headrace_internal.webhook_counters   one row per webhook source (webhook/metrics.py)
+    headrace_internal.webhook_requests   the last N requests of each source (webhook/request_log.py)
+
+The planner resolves them by name (`exists`); `bind` points the planned DuckDB SQL at a per-cursor
+name, and `register` puts a fresh Arrow snapshot under that name on the cursor that runs the query,
+so each query sees the counters as of its start and nothing is written to the serving store."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from sqlglot import exp, parse_one
+
+from headrace.coordinator.responses import Column
+from headrace.sql.select import SelectPlan
+from headrace.store.query import describe_query, translate_error
+from headrace.store.serving import ServingStore
+from headrace.webhook.ingest import IngestRegistry
+from headrace.webhook.metrics import COUNTER_COLUMNS, counter_rows
+from headrace.webhook.request_log import REQUEST_COLUMNS, request_rows
+
+SYSTEM_SCHEMA = "headrace_internal"
+_REGISTERED_PREFIX = "__headrace_system_"
+
+_ARROW_TYPES = {
+    "VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
+    "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SystemRelation:
+    columns: tuple[tuple[str, str], ...]  # (name, DuckDB type)
+    rows: Callable[[], Iterable[tuple[Any, ...]]]
+
+    def snapshot(self) -> pa.Table:
+        rows = list(self.rows())
+        arrays = [pa.array([row[index] for row in rows], type=_ARROW_TYPES[type_name])
+                  for index, (_, type_name) in enumerate(self.columns)]
+        return pa.Table.from_arrays(arrays, names=[name for name, _ in self.columns])
+
+
+class SystemTables:
+    def __init__(self, registry: IngestRegistry) -> None:
+        self._relations = {
+            "webhook_counters": SystemRelation(
+                COUNTER_COLUMNS, lambda: counter_rows((key, ingestor.metrics) for key, ingestor in registry.items())),
+            "webhook_requests": SystemRelation(
+                REQUEST_COLUMNS, lambda: request_rows((key, ingestor.requests) for key, ingestor in registry.items())),
+        }
+
+    def exists(self, schema: str, name: str) -> bool:
+        return schema == SYSTEM_SCHEMA and name in self._relations
+
+    def bind(self, plan: SelectPlan) -> SelectPlan:
+        """Point references to system relations at the names `register` gives their snapshots."""
+        if not any(name in plan.duckdb_sql for name in self._relations):
+            return plan
+        ast = parse_one(plan.duckdb_sql, dialect="duckdb")
+        changed = False
+        for table in list(ast.find_all(exp.Table)):
+            if table.db == SYSTEM_SCHEMA and table.name in self._relations:
+                alias = table.alias or table.name
+                replacement = exp.Table(this=exp.to_identifier(_REGISTERED_PREFIX + table.name, quoted=True))
+                replacement.set("alias", exp.TableAlias(this=exp.to_identifier(alias, quoted=True)))
+                table.replace(replacement)
+                changed = True
+        return dataclasses.replace(plan, duckdb_sql=ast.sql(dialect="duckdb")) if changed else plan
+
+    def register(self, cursor: duckdb.DuckDBPyConnection, plan: SelectPlan) -> None:
+        """Register a fresh snapshot of each system relation the (bound) plan reads on `cursor`."""
+        if _REGISTERED_PREFIX not in plan.duckdb_sql:
+            return
+        for name, relation in self._relations.items():
+            if _REGISTERED_PREFIX + name in plan.duckdb_sql:
+                cursor.register(_REGISTERED_PREFIX + name, relation.snapshot())
+
+    def describe(self, store: ServingStore, plan: SelectPlan) -> tuple[Column, ...]:
+        if _REGISTERED_PREFIX not in plan.duckdb_sql:
+            return describe_query(store, plan)
+        with store.cursor() as cursor:
+            self.register(cursor, plan)
+            try:
+                relation = cursor.sql(plan.duckdb_sql, params=[None] * len(plan.param_types) or None)
+            except duckdb.Error as exc:
+                raise translate_error(exc) from None
+            from headrace.store.query import _columns  # one place maps DuckDB types to PostgreSQL's
+
+            return _columns(plan, relation.columns, [str(t) for t in relation.types])

@@ -1,0 +1,143 @@
+"""The idempotency index of one source: which keys were accepted within the window, and where.
+
+On disk, so memory does not grow with the number of keys (seed 002's windowed idempotency): one
+SQLite file beside the source's log, a table keyed by a 16-byte blake2b of the idempotency key
+(WITHOUT ROWID, so the key lives in the B-tree itself) holding the row's arrival time, a hash of
+its body and its log offset, plus an index on the arrival time for eviction. A bounded page cache
+keeps RSS flat however many keys there are.
+
+The index is derived state: the log is the truth. It is updated only after the records it names
+are durable in the log, and it records, in the same SQLite transaction, the log offset it covers.
+At start-up `catch_up` replays the log from that offset (applying a record twice is harmless), so
+`synchronous=NORMAL` is enough: a lost SQLite transaction is rebuilt from the log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from headrace.log.reader import read_records
+from headrace.webhook.record import decode_fields
+
+INDEX_FILE = "dedupe.sqlite3"
+_LOOKUP_CHUNK = 500  # below SQLite's bound-parameter limit
+_CATCH_UP_CHUNK = 10_000
+
+
+def key_hash(key: str) -> bytes:
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def body_hash(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=8).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEntry:
+    received_at_us: int
+    body_hash: bytes
+    log_offset: int
+
+
+class DedupeIndex:
+    """Thread-safe (one lock): the group-commit thread and the evictor share it."""
+
+    def __init__(self, path: Path, cache_bytes: int = 32 << 20) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # derived state: rebuilt from the log if lost
+        self._db.execute(f"PRAGMA cache_size=-{max(1, cache_bytes >> 10)}")
+        self._db.execute("PRAGMA temp_store=MEMORY")
+        self._db.execute("CREATE TABLE IF NOT EXISTS keys (key_hash BLOB PRIMARY KEY, received_at_us INTEGER NOT NULL,"
+                         " body_hash BLOB NOT NULL, log_offset INTEGER NOT NULL) WITHOUT ROWID")
+        self._db.execute("CREATE INDEX IF NOT EXISTS keys_by_arrival ON keys (received_at_us)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+        row = self._db.execute("SELECT value FROM meta WHERE name = 'covered_offset'").fetchone()
+        self._covered_offset = int(row[0]) if row else 0
+
+    @property
+    def covered_offset(self) -> int:
+        """Every keyed record before this log offset is reflected in the index."""
+        return self._covered_offset
+
+    def lookup(self, hashes: Collection[bytes]) -> dict[bytes, KeyEntry]:
+        found: dict[bytes, KeyEntry] = {}
+        unique = list(dict.fromkeys(hashes))
+        with self._lock:
+            for start in range(0, len(unique), _LOOKUP_CHUNK):
+                chunk = unique[start:start + _LOOKUP_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                for key, received_at_us, body, offset in self._db.execute(
+                        f"SELECT key_hash, received_at_us, body_hash, log_offset FROM keys WHERE key_hash IN ({marks})",
+                        chunk):
+                    found[key] = KeyEntry(received_at_us, body, offset)
+        return found
+
+    def record(self, entries: Sequence[tuple[bytes, KeyEntry]], covered_offset: int) -> None:
+        """Upsert entries (later ones win) and advance the covered offset, in one transaction."""
+        rows = [(key, entry.received_at_us, entry.body_hash, entry.log_offset) for key, entry in entries]
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?, ?)", rows)
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('covered_offset', ?)", (covered_offset,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._covered_offset = covered_offset
+
+    def evict(self, older_than_us: int, limit: int = 5_000) -> int:
+        """Forget up to `limit` keys that arrived before `older_than_us`; returns how many."""
+        with self._lock:
+            cursor = self._db.execute(
+                "DELETE FROM keys WHERE key_hash IN "
+                "(SELECT key_hash FROM keys WHERE received_at_us < ? ORDER BY received_at_us LIMIT ?)",
+                (older_than_us, limit))
+            return cursor.rowcount
+
+    def reset(self) -> None:
+        """Forget everything (the log must then be replayed from its start)."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM keys")
+            self._db.execute("DELETE FROM meta")
+            self._db.execute("COMMIT")
+            self._covered_offset = 0
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT count(*) FROM keys").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def catch_up(index: DedupeIndex, log_dir: Path, log_end: int) -> int:
+    """Bring the index up to `log_end` by replaying the log; returns how many records were read.
+
+    An index that claims more than the log holds (the log lost a tail the index saw: only possible
+    if the disk lied about an fsync) is rebuilt from the start."""
+    if index.covered_offset > log_end:
+        index.reset()
+    replayed = 0
+    pending: list[tuple[bytes, KeyEntry]] = []
+    for offset, payload in read_records(log_dir, index.covered_offset, log_end):
+        replayed += 1
+        received_at_us, key, _headers, body, _prev = decode_fields(payload)
+        if key is not None:
+            pending.append((key_hash(key), KeyEntry(received_at_us, body_hash(body), offset)))
+        if len(pending) >= _CATCH_UP_CHUNK:
+            index.record(pending, offset)  # covers everything before this record: replayed again later
+            pending = []
+    if replayed or index.covered_offset != log_end:
+        index.record(pending, log_end)
+    return replayed

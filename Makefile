@@ -16,7 +16,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)
-	$(VENV)/bin/python bench/ingest_freshness.py
+	$(VENV)/bin/python bench/webhook_ingest.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

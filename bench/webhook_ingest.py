@@ -150,6 +150,8 @@ class Postgres:
 
     def __init__(self, workdir: Path) -> None:
         bindir = Path("/usr/lib/postgresql/15/bin")
+        workdir.mkdir(parents=True)
+        os.chmod(workdir.parent, 0o711)  # the postgres user must reach its data directory
         self.datadir = workdir / "pg"
         self.datadir.mkdir()
         shutil.chown(workdir, "postgres")

@@ -9,8 +9,8 @@ java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | he
 if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
   need_apt+=(openjdk-17-jre-headless)
 fi
-if ! command -v psql >/dev/null 2>&1; then
-  need_apt+=(postgresql-client)
+if ! command -v psql >/dev/null 2>&1 || ! command -v pgbench >/dev/null 2>&1; then
+  need_apt+=(postgresql-client)  # psql, and pgbench for tests/e2e/test_pgbench.py
 fi
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   need_apt+=(python3-venv)

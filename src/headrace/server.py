@@ -19,6 +19,7 @@ from headrace.coordinator.client import AdapterClient
 from headrace.coordinator.coordinator import Coordinator
 from headrace.coordinator.sources import DataLayout, SourceResources
 from headrace.http.app import ServerState, make_app, run_http
+from headrace.http.sql_api import set_sql_adapter
 from headrace.materialize.driver import start_driver_server
 from headrace.materialize.drivers.serving import ServingTransactor
 from headrace.pgwire.auth import parse_auth_rules
@@ -70,7 +71,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     registry = IngestRegistry(config.webhook)
     # HTTP first: webhooks get 503 + Retry-After while the sources (and their indexes) open.
     web_state = ServerState()
-    http_runner = await run_http(make_app(registry, ready=web_state), config.host, config.http_port)
+    http_app = make_app(registry, ready=web_state)
+    http_runner = await run_http(http_app, config.host, config.http_port)
     catalog = Catalog(layout.root, item_from_create_sql)
     resources = SourceResources(layout, store, registry, executor)
     for source in catalog.sources():
@@ -85,6 +87,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     coordinator = Coordinator(catalog, resources, executor, supervisor.update, roles=roles,
                               system_tables=SystemTables(registry))
     adapter = AdapterClient(coordinator)
+    set_sql_adapter(http_app, adapter)  # the HTTP SQL API answers 503 until now
     security = SecurityConfig(parse_auth_rules(config.auth), roles,
                               make_tls_context(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None)
     pg_server = await start_pgwire_server(adapter, config.host, config.pg_port, security)

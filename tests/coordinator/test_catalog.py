@@ -16,6 +16,6 @@ def test_catalog_survives_reopen_and_never_reuses_ids(tmp_path: Path) -> None:
 
     reopened = Catalog(tmp_path, item_from_create_sql)
     assert [s.name for s in reopened.sources()] == ["b"]
-    assert reopened.find("public", "b").idempotent_expr == "body ->> 'id'"  # type: ignore[union-attr]
+    assert reopened.find("public", "b").idempotent_expr == "body->>'id'"  # kept as the user wrote it  # type: ignore[union-attr]
     assert reopened.allocate_id() == "u3"  # a dropped source's id is never handed out again
     assert not (tmp_path / "catalog.tmp").exists()

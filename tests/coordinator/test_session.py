@@ -18,13 +18,17 @@ def statement(params: int = 0) -> PreparedStatement:
 def test_unnamed_statement_survives_sync_unnamed_portal_does_not() -> None:
     session = new_session()
     session.statements[""] = statement()
+    session.begin()
     session.set_portal("", session.get_statement(""), [])
     session.set_portal("named", session.get_statement(""), [])
     session.end_of_batch()
     assert session.get_statement("") is not None
-    assert session.get_portal("named") is not None
+    assert session.get_portal("named") is not None  # inside a transaction block
     with pytest.raises(UndefinedCursor):
         session.get_portal("")
+    session.end_transaction(committed=True)
+    with pytest.raises(UndefinedCursor):
+        session.get_portal("named")  # a portal lasts until the end of its transaction
 
 
 def test_missing_names_and_parameter_count() -> None:

@@ -8,7 +8,7 @@ with a dot is a custom variable, as in PostgreSQL. Anything else is 42704.
 from __future__ import annotations
 
 from headrace.coordinator.responses import Column, CommandComplete, SendingRows
-from headrace.coordinator.session import Session
+from headrace.coordinator.session import REPORTED_VARIABLES, Session
 from headrace.errors import HeadraceError, InvalidParameterValue
 from headrace.sql.ast import ResetVariable, SetTransaction, SetVariable
 from headrace.sql.types import TEXT_OID
@@ -147,13 +147,20 @@ def execute_reset(session: Session, ast: ResetVariable) -> CommandComplete:
     return CommandComplete("RESET")
 
 
+def _show_name(name: str) -> str:
+    return name.replace(" . ", ".")  # the SHOW parser joins tokens with spaces
+
+
 def show_columns(name: str) -> tuple[Column, ...]:
+    name = _show_name(name)
     if name == "all":
         return (Column("name", TEXT_OID), Column("setting", TEXT_OID), Column("description", TEXT_OID))
-    return (Column(name.split()[-1] if name.startswith("transaction") else name, TEXT_OID),)
+    key = ALIASES.get(name, name)
+    return (Column(REPORTED_VARIABLES.get(key, key), TEXT_OID),)  # PostgreSQL names it canonically
 
 
 def execute_show(session: Session, name: str) -> SendingRows:
+    name = _show_name(name)
     if name == "all":
         merged = {**EXTRA_DEFAULTS, **session.variables}
         rows = [(key, value, "") for key, value in sorted(merged.items())]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,8 @@ from headrace.sql.view_serving import (
 )
 from headrace.sql.views import InputRelation, ViewPlan, compile_view, is_create_materialized_view, view_name
 from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore
+
+log = logging.getLogger(__name__)
 
 KIND = "materialized view"
 SHOW_COLUMNS = (Column("name", TEXT_OID), Column("type", TEXT_OID))
@@ -155,7 +158,7 @@ class ViewDdl:
         async with self._ddl_lock:
             notices: list[str] = []
             targets: list[MaterializedView] = []
-            for table in ast.expressions:
+            for table in ast.args.get("tables") or ast.expressions:
                 _, schema, name = qualified_name(table)
                 view = self.catalog.find_view(schema, name)
                 if view is None:
@@ -210,7 +213,10 @@ class ViewDdl:
     def ensure_all(self) -> None:
         """Start-up: every view's resources, inputs before the views reading them."""
         for view in self.in_dependency_order():
-            self.ensure(view)
+            try:
+                self.ensure(view)
+            except HeadraceError as exc:  # one broken view must not keep the server from starting
+                log.error("materialized view %s: cannot restore its resources: %s", view.name, exc.message)
 
     def remove_resources(self, view: MaterializedView) -> None:
         with self.store.cursor() as cursor:

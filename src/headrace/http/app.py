@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from headrace.errors import HeadraceError, ServiceUnavailable
+from headrace.http.sql_api import add_sql_routes
 from headrace.webhook.handler import WebhookRejected
 from headrace.webhook.ingest import IngestRegistry, SourceIngestor
 from headrace.webhook.metrics import WebhookCollector
@@ -59,6 +60,7 @@ def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerStat
         return response
 
     app.router.add_get("/metrics", metrics)
+    add_sql_routes(app)  # POST /api/sql, WebSocket /api/experimental/sql (http/sql_api.py)
     return app
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from headrace.coordinator.responses import (
     SendingRows,
     Subscribing,
 )
-from headrace.errors import FeatureNotSupported, HeadraceError
+from headrace.errors import FeatureNotSupported, HeadraceError, QueryCanceled
 from headrace.pgwire import types as pg
 from headrace.pgwire.interfaces import AdapterClient, SessionClient
 
@@ -169,7 +170,7 @@ class RequestRun:
             yield Event("Rows", describe(result.columns))
             converters = [json_converter(column.type_oid) for column in result.columns]
             try:
-                async for batch in result.batches:
+                async for batch in until_cancelled(result.batches, self.cancel):
                     for row in batch:
                         yield Event("Row", [None if value is None else convert(value)
                                             for value, convert in zip(row, converters, strict=True)])
@@ -191,6 +192,26 @@ class RequestRun:
             raise FeatureNotSupported("COPY is not supported over the HTTP API", hint="use a PostgreSQL client")
         else:
             raise FeatureNotSupported(f"unexpected response {type(result).__name__}")
+
+
+async def until_cancelled(batches: AsyncIterator[Any], cancel: asyncio.Event) -> AsyncIterator[Any]:
+    """The stream's batches until it ends or `cancel` is set (then 57014)."""
+    iterator = batches.__aiter__()
+    cancelled = asyncio.ensure_future(cancel.wait())
+    try:
+        while True:
+            step = asyncio.ensure_future(iterator.__anext__())
+            await asyncio.wait({step, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()
+                raise QueryCanceled("canceling statement due to user request")
+            try:
+                batch = step.result()
+            except StopAsyncIteration:
+                return
+            yield batch
+    finally:
+        cancelled.cancel()
 
 
 def error_payload(error: HeadraceError) -> dict[str, Any]:
@@ -368,10 +389,11 @@ async def _serve_requests(ws: web.WebSocketResponse, session: SessionClient) -> 
                 message = str(exc) if isinstance(exc, BadRequest) else "request is not JSON"
                 await _send(ws, "Error", {"message": message, "code": "08P01"})
             else:
-                async for event in run.events(queries):
-                    if ws.closed:
-                        break
-                    await _send(ws, event.kind, event.payload)
+                async with contextlib.aclosing(run.events(queries)) as events:
+                    async for event in events:
+                        if ws.closed:
+                            break
+                        await _send(ws, event.kind, event.payload)
             running.pop("current", None)
             if ws.closed:
                 break

@@ -257,10 +257,10 @@ def _lines(text: str) -> Iterator[tuple[int, str]]:
 
 
 def _text_records(text: str, options: CopyOptions) -> Iterator[tuple[int, list[str | None]]]:
-    if text.endswith("\n"):
-        text = text[:-1]
     if not text:
         return
+    if text.endswith("\n"):
+        text = text[:-1]  # the last line's end, not an empty line after it
     for number, line in _lines(text):
         yield number, _split_text_line(line, options, number)
 

@@ -82,8 +82,6 @@ REG_TYPES: dict[str, tuple[str | None, str | None]] = {
     "regtype": ("hr_regtype_in", "hr_format_type"),
     "regnamespace": ("hr_regnamespace_in", "hr_regnamespace_out"),
     "regrole": ("hr_regrole_in", "hr_get_userbyid"),
-    "regproc": ("hr_regproc_in", "hr_regproc_out"),
-    "regprocedure": ("hr_regproc_in", "hr_regproc_out"),
     "oid": (None, None),
 }
 # PostgreSQL type names DuckDB does not know, as DuckDB types.
@@ -106,7 +104,8 @@ def macro_call(name: str, *args: exp.Expr) -> exp.Expr:
 def unqualify_functions(ast: exp.Expr) -> None:
     """pg_catalog.f(...) -> f(...): headrace's functions all live on the default path."""
     for dot in list(ast.find_all(exp.Dot)):
-        if isinstance(dot.this, exp.Identifier) and dot.this.name.lower() == "pg_catalog" and isinstance(dot.expression, exp.Func):
+        if (isinstance(dot.this, exp.Identifier) and dot.this.name.lower() in ("pg_catalog", "information_schema")
+                and isinstance(dot.expression, exp.Func)):
             dot.replace(dot.expression)
 
 
@@ -184,6 +183,14 @@ class FunctionTranslator:
             return exp.Anonymous(this=RENAMED_FUNCTIONS[name], expressions=[arg.copy() for arg in args])
         if name == "version":
             return exp.Literal.string(self.server_version)
+        if name == "_pg_expandarray" and len(args) == 1:
+            # information_schema._pg_expandarray(a): one row (x, n) per element (pgjdbc's getPrimaryKeys)
+            expansion = exp.maybe_parse("unnest(list_transform(range(1, len(hr_array) + 1), "
+                                        "hr_i -> {'x': hr_array[hr_i], 'n': hr_i}))", dialect="duckdb")
+            for column in list(expansion.find_all(exp.Column)):
+                if column.name == "hr_array":
+                    column.replace(args[0].copy())
+            return expansion
         if name == "pg_backend_pid":
             return self.session_value("pid")
         if name in ("current_database", "current_catalog"):
@@ -233,6 +240,12 @@ class FunctionTranslator:
 
     def _cast(self, node: exp.Cast) -> exp.Expr | None:
         type_name = _type_name(node.to)
+        if type_name in ("regproc", "regprocedure"):
+            # Functions are known by name (pg_type.typinput holds 'array_in'): regproc is its name.
+            operand = node.this.copy()
+            if isinstance(operand, exp.Literal) and operand.is_string:
+                return exp.Literal.string(operand.this.split(".")[-1].strip('"'))
+            return exp.Cast(this=operand, to=exp.DataType.build("VARCHAR", dialect="duckdb"))
         if type_name in REG_TYPES:
             in_macro, out_macro = REG_TYPES[type_name]
             operand = node.this.copy()

@@ -78,7 +78,8 @@ class HeadraceParser(WebhookGrammar):  # WebhookGrammar extends Postgres.Parser 
             return ShowCreateObject(kind="materialized view", this=self._parse_table_parts())
         parts = []
         while self._curr and self._curr.token_type != TokenType.SEMICOLON:
-            parts.append(self._advance_any().text)  # type: ignore[union-attr]
+            parts.append(self._curr.text)  # any token, dots included (SHOW myapp.setting)
+            self._advance()
         if not parts:
             self.raise_error("Expected a variable name after SHOW")
         return ShowVariable(this=" ".join(parts).lower())

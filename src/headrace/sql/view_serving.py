@@ -75,8 +75,12 @@ def _over_stored(plan: ViewPlan, expression: exp.Expr, empty: bool = False) -> e
     for division in list(expression.find_all(exp.Div)):
         if type_of(division.this, types) in ("int2", "int4", "int8") and \
                 type_of(division.expression, types) in ("int2", "int4", "int8"):
-            division.replace(exp.Cast(this=exp.IntDiv(this=division.this.copy(), expression=division.expression.copy()),
-                                      to=exp.DataType.build("BIGINT")))
+            integral = exp.Cast(this=exp.IntDiv(this=division.this.copy(), expression=division.expression.copy()),
+                                to=exp.DataType.build("BIGINT"))
+            if division is expression:
+                expression = integral
+            else:
+                division.replace(integral)
 
     def replace(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Column) and node.name in types:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
+import uuid
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any, Protocol
 
 import duckdb
@@ -22,6 +25,14 @@ STATIC_SETTINGS = {
     "statement_timeout": "0", "lock_timeout": "0", "idle_in_transaction_session_timeout": "0",
     "max_connections": "100", "data_directory_mode": "0700", "bytea_output": "hex",
     "default_table_access_method": "heap",
+}
+
+
+_SAMPLE_VALUES: dict[int, Any] = {
+    pg.BOOL: False, pg.INT2: 0, pg.INT4: 0, pg.INT8: 0, pg.FLOAT4: 0.0, pg.FLOAT8: 0.0, pg.NUMERIC: Decimal(0),
+    pg.TEXT: "", pg.VARCHAR: "", pg.JSON: "null", pg.JSONB: "null", pg.BYTEA: b"", pg.DATE: datetime.date(2000, 1, 1),
+    pg.TIMESTAMP: datetime.datetime(2000, 1, 1), pg.UUID: uuid.UUID(int=0), pg.INTERVAL: datetime.timedelta(0),
+    pg.TIMESTAMPTZ: datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc), pg.OID: 0,
 }
 
 
@@ -72,8 +83,13 @@ def describe_query(store: ServingStore, plan: SelectPlan) -> tuple[Column, ...]:
     """Output columns without running the query: DuckDB plans a relation lazily."""
     with store.cursor() as cursor:
         try:
-            parameter_count = len(plan.param_types) + len(plan.session_inputs)
-            relation = cursor.sql(plan.duckdb_sql, params=[None] * parameter_count or None)
+            # Typed sample values, not NULLs: DuckDB folds CAST(NULL AS DECIMAL) + 1 to an INTEGER.
+            samples = [_SAMPLE_VALUES.get(oid) for oid in plan.param_types]
+            samples += [[] if name.startswith("setting_") else None for name in plan.session_inputs]
+            try:
+                relation = cursor.sql(plan.duckdb_sql, params=samples or None)
+            except duckdb.ConversionException:  # a sample the statement casts further ('' -> int)
+                relation = cursor.sql(plan.duckdb_sql, params=[None] * len(samples) or None)
         except duckdb.Error as exc:
             raise translate_error(exc) from None
         return _columns(plan, relation.columns, [str(t) for t in relation.types])

@@ -245,8 +245,8 @@ def _parse_text_row(relation: SystemRelation, row: Sequence[str | None]) -> list
             values.append(items if target.startswith("VARCHAR") else [int(part) for part in items])
         elif target == "BOOLEAN":
             values.append(text == "t")
-        elif type_name == "regproc" or type_name.startswith("reg"):
-            values.append(None if text == "-" else 0)  # function names are not catalogued (pg_proc is empty)
+        elif target == "UINTEGER" and not text.isdigit():
+            values.append(0)  # a reg* name with no OID of its own here
         else:
             values.append(text)
     return values

@@ -19,7 +19,8 @@ SYSTEM_DATABASE = "hr_system"
 SCHEMA_IN_STORE = {"pg_catalog": "catalog_pg", "information_schema": "catalog_info"}
 MACRO_SCHEMA = f"{SYSTEM_DATABASE}.main"
 
-_OID_TYPES = {"oid", "regproc", "regprocedure", "regclass", "regtype", "regnamespace", "regrole", "regoper",
+# regproc is kept as the function's name (its text form): headrace catalogs no functions to number.
+_OID_TYPES = {"oid", "regclass", "regtype", "regnamespace", "regrole", "regoper",
               "regconfig", "regdictionary", "xid", "cid", "xid8"}
 _SCALAR_TYPES = {
     "boolean": "BOOLEAN", "smallint": "SMALLINT", "integer": "INTEGER", "bigint": "BIGINT", "real": "FLOAT",

@@ -9,6 +9,13 @@ java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | he
 if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
   need_apt+=(openjdk-17-jre-headless)
 fi
+# javac and Debian's pgjdbc: tests/e2e/test_clients_jdbc.py compiles and runs a JDBC session.
+if ! command -v javac >/dev/null 2>&1; then
+  need_apt+=(openjdk-17-jdk-headless)
+fi
+if [ ! -e /usr/share/java/postgresql.jar ]; then
+  need_apt+=(libpostgresql-jdbc-java)
+fi
 if ! command -v psql >/dev/null 2>&1 || ! command -v pgbench >/dev/null 2>&1; then
   need_apt+=(postgresql-client)  # psql, and pgbench for tests/e2e/test_pgbench.py
 fi

@@ -21,7 +21,7 @@ from headrace.coordinator.sources import DataLayout, SourceResources
 from headrace.http.app import ServerState, make_app, run_http
 from headrace.http.sql_api import set_sql_adapter
 from headrace.materialize.driver import start_driver_server
-from headrace.materialize.drivers.serving import ServingTransactor
+from headrace.materialize.drivers.serving import ServingConnector, ServingTransactor
 from headrace.pgwire.auth import parse_auth_rules
 from headrace.pgwire.security import SecurityConfig, make_tls_context
 from headrace.pgwire.server import start_pgwire_server
@@ -80,7 +80,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     web_state.ready = True
     _remove_orphans(layout, {source.id for source in catalog.sources()})
 
-    driver_server = await start_driver_server("127.0.0.1", 0, lambda _open: ServingTransactor(store))
+    driver_server = await start_driver_server("127.0.0.1", 0, lambda _open: ServingTransactor(store),
+                                              connector=ServingConnector(store))
     driver_address = driver_server.sockets[0].getsockname()[:2]
     supervisor = PipelineSupervisor(layout.root, config.spark_master, driver_address)
     roles = RoleCatalog(layout.root)

@@ -34,7 +34,9 @@ def test_simple_request_several_statements_and_typed_json(server: HeadraceProces
     assert status == 200
     first, second = body["results"]
     assert first["tag"] == "SELECT 1" and first["notices"] == []
-    assert first["rows"] == [["1", "2.50", "x", True, None, {"k": [1, "v"]}, "2026-11-21"]]
+    (row,) = first["rows"]
+    assert isinstance(row[1], str) and float(row[1]) == 2.5  # numbers travel as text, as Materialize's do
+    assert row[:1] + row[2:] == ["1", "x", True, None, {"k": [1, "v"]}, "2026-11-21"]
     assert [c["name"] for c in first["desc"]["columns"]] == ["i", "n", "t", "b", "z", "j", "d"]
     assert first["desc"]["columns"][0] == {"name": "i", "type_oid": 23, "type_len": 4, "type_mod": -1}
     assert second["rows"] == [["UTF8"]]

@@ -186,3 +186,11 @@ def test_frame_reader_sees_clean_eof_and_refuses_oversized_frames() -> None:
 
     run_with_stream_peer(clean)
     run_with_stream_peer(oversized)
+
+
+def test_integers_beyond_64_bits_cross_the_wire_exactly() -> None:
+    from headrace.materialize.transport import decode_payload
+    message = {"type": "Store", "values": [2**80, -(2**70)], "text": "ü"}
+    frame = encode_frame(message)
+    assert decode_payload(frame[4:]) == message
+    assert encode_frame({"n": 1})[4:5] == b"{"  # the fast encoder otherwise

@@ -47,6 +47,9 @@ class CommandComplete:
 
     tag: str
     notices: tuple[str, ...] = field(default=())
+    # Reported session variables the statement changed, (name as reported, value): the protocol
+    # layers announce them (pgwire ParameterStatus, WebSocket ParameterStatus).
+    parameters: tuple[tuple[str, str], ...] = field(default=())
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,12 +26,13 @@ from headrace.coordinator.responses import (
     StatementDescription,
     Subscribing,
 )
-from headrace.coordinator.session import Portal, PreparedStatement, Session, TransactionStatus
+from headrace.coordinator.session import REPORTED_VARIABLES, Portal, PreparedStatement, Session, TransactionStatus
 from headrace.coordinator.variables import (
     execute_reset,
     execute_set,
     execute_set_transaction,
     execute_show,
+    reported,
     show_columns,
 )
 from headrace.errors import FeatureNotSupported, HeadraceError, SyntaxError_, UndefinedCursor
@@ -144,6 +145,7 @@ class SessionStatements:
             if session.in_block:
                 raise HeadraceError("DISCARD ALL cannot run inside a transaction block", sqlstate="25001")
             session.reset()
+            return CommandComplete("DISCARD ALL", parameters=reported(session, list(REPORTED_VARIABLES)))
         return CommandComplete(f"DISCARD {what.upper()}")
 
     # --- prepared statements ------------------------------------------------------------------

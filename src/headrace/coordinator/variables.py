@@ -67,7 +67,13 @@ def execute_set(session: Session, ast: SetVariable) -> CommandComplete:
     else:
         value = _canonical(name, values)
     session.set_variable(name, value, local=local)
-    return CommandComplete("SET")
+    return CommandComplete("SET", parameters=reported(session, [name]))
+
+
+def reported(session: Session, names: list[str]) -> tuple[tuple[str, str], ...]:
+    """The ParameterStatus announcements for these variables (those clients track)."""
+    return tuple((REPORTED_VARIABLES[name], session.variables[name]) for name in names
+                 if name in REPORTED_VARIABLES and name in session.variables)
 
 
 def _default(session: Session, name: str) -> str:
@@ -138,13 +144,13 @@ def execute_reset(session: Session, ast: ResetVariable) -> CommandComplete:
         for variable in list(session.variables):
             if variable not in READ_ONLY:
                 session.set_variable(variable, _default(session, variable))
-        return CommandComplete("RESET")
+        return CommandComplete("RESET", parameters=reported(session, list(REPORTED_VARIABLES)))
     if name in READ_ONLY:
         raise HeadraceError(f'parameter "{name}" cannot be changed', sqlstate="55P02")
     if known_value(session, name) is None and "." not in name:
         raise HeadraceError(f'unrecognized configuration parameter "{name}"', sqlstate="42704")
     session.set_variable(name, _default(session, name))
-    return CommandComplete("RESET")
+    return CommandComplete("RESET", parameters=reported(session, [name]))
 
 
 def _show_name(name: str) -> str:

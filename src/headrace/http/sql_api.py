@@ -181,6 +181,8 @@ class RequestRun:
             yield Event("CommandStarting", {"has_rows": False, "is_streaming": False})
             for notice in result.notices:
                 yield Event("Notice", {"message": notice, "code": "00000", "severity": "notice"})
+            for name, value in result.parameters:
+                yield Event("ParameterStatus", {"name": name, "value": value})
             yield Event("CommandComplete", result.tag)
         elif isinstance(result, EmptyQuery):
             return

@@ -251,9 +251,11 @@ class FunctionTranslator:
             operand = node.this.copy()
             if isinstance(operand, exp.Literal) and operand.is_string:
                 if in_macro is None or operand.this.strip().isdigit():
-                    return exp.Cast(this=operand, to=exp.DataType.build("UINTEGER", dialect="duckdb"))
-                return macro_call(in_macro, operand)
-            oid = exp.Cast(this=operand, to=exp.DataType.build("UINTEGER", dialect="duckdb"))
+                    oid = exp.Cast(this=operand, to=exp.DataType.build("UINTEGER", dialect="duckdb"))
+                else:
+                    oid = macro_call(in_macro, operand)
+            else:
+                oid = exp.Cast(this=operand, to=exp.DataType.build("UINTEGER", dialect="duckdb"))
             if out_macro is not None and _wants_text(node):
                 args = [oid, exp.null()] if out_macro == "hr_format_type" else [oid]
                 return macro_call(out_macro, *args)

@@ -86,13 +86,15 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     supervisor = PipelineSupervisor(layout.root, config.spark_master, driver_address)
     roles = RoleCatalog(layout.root)
     coordinator = Coordinator(catalog, resources, executor, supervisor.update, roles=roles,
-                              system_tables=SystemTables(registry))
+                              system_tables=SystemTables(registry), on_views_changed=supervisor.update_views)
+    # Materialized views: restore what a crash left half-made (tables, public relations), inputs first.
+    await asyncio.get_running_loop().run_in_executor(executor, coordinator.views.ensure_all)
     adapter = AdapterClient(coordinator)
-    set_sql_adapter(http_app, adapter)  # the HTTP SQL API answers 503 until now
     security = SecurityConfig(parse_auth_rules(config.auth), roles,
                               make_tls_context(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None)
+    set_sql_adapter(http_app, adapter, security)  # the HTTP SQL API answers 503 until now
     pg_server = await start_pgwire_server(adapter, config.host, config.pg_port, security)
-    await supervisor.start(catalog.sources())
+    await supervisor.start(catalog.sources(), coordinator.views.in_dependency_order())
 
     print(f"headrace is up (data in {layout.root})", flush=True)
     print(f"  SQL:      psql -h {config.host} -p {config.pg_port} -U headrace headrace", flush=True)

@@ -239,7 +239,7 @@ async def test_copy_to_payloads_and_tag(adapter: AdapterClient) -> None:
     client = await new_client(adapter)
     response = await run(client, "COPY (SELECT n, n * 2 AS d FROM generate_series(1, 3) AS t(n)) TO STDOUT WITH (FORMAT csv, HEADER)")
     assert isinstance(response, CopyTo) and [c.name for c in response.columns] == ["n", "d"]
-    payloads = [payload async for payload in response.data]
+    payloads = [payload async for batch in response.data for payload in batch]
     assert b"".join(payloads) == b"n,d\n1,2\n2,4\n3,6\n" and response.tag == "COPY 3"
     with pytest.raises(HeadraceError) as raised:
         await run(client, "COPY (SELECT 1) TO STDOUT WITH (FORMAT xml)")

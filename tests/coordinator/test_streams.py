@@ -125,7 +125,7 @@ def test_copy_to_over_a_stream_writes_rows_as_they_come_and_cancels_it_at_the_en
         response = copy_to(CopyOptions.parse({"format": "csv"}, direction="to"), stream.subscribing())
         data = response.data.__aiter__()
         await stream.queue.put([(1, "a,b")])
-        assert await data.__anext__() == b'1,"a,b"\n'
+        assert await data.__anext__() == [b'1,"a,b"\n']
         await stream.queue.put(None)
         with pytest.raises(StopAsyncIteration):
             await data.__anext__()

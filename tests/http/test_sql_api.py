@@ -104,3 +104,30 @@ def test_post_refuses_streams() -> None:
         assert session.cancelled
 
     asyncio.run(body())
+
+
+def test_authentication_follows_the_pgwire_rules() -> None:
+    from headrace.catalog.roles import make_scram_verifier
+    from headrace.errors import HeadraceError
+    from headrace.http.sql_api import SqlEndpoint
+    from headrace.pgwire.auth import parse_auth_rules
+    from headrace.pgwire.security import SecurityConfig
+
+    alice = make_scram_verifier("sekrit", iterations=4096)
+
+    class Passwords:
+        def password_verifier(self, user: str) -> Any:
+            return alice if user == "alice" else None
+
+    endpoint = SqlEndpoint()
+    endpoint.security = SecurityConfig(parse_auth_rules("loopback=trust,all=scram-sha-256"), Passwords())
+    endpoint.authenticate("anyone", None, "127.0.0.1")  # trust on loopback
+    endpoint.authenticate("alice", "sekrit", "10.0.0.7")
+    for user, password in (("alice", "wrong"), ("alice", None), ("bob", "sekrit")):
+        with pytest.raises(HeadraceError) as raised:
+            endpoint.authenticate(user, password, "10.0.0.7")
+        assert (raised.value.sqlstate, raised.value.http_status) == ("28P01", 401)
+    endpoint.security = SecurityConfig(parse_auth_rules("loopback=trust"), Passwords())
+    with pytest.raises(HeadraceError) as raised:
+        endpoint.authenticate("alice", "sekrit", "10.0.0.7")
+    assert raised.value.sqlstate == "28000"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -150,7 +151,7 @@ def test_write_failure_fails_only_that_batch(tmp_path: Path, monkeypatch: pytest
     async def scenario() -> None:
         log = SegmentedLog(tmp_path)
         committer = GroupCommitter(log)
-        monkeypatch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(28, "No space left")))
+        monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: (_ for _ in ()).throw(OSError(28, "No space left")))
         with pytest.raises(ServiceUnavailable, match="No space left"):
             await committer.append(b"full disk")
         monkeypatch.undo()
@@ -179,17 +180,55 @@ def test_close_drains_then_refuses(tmp_path: Path) -> None:
 
 
 def test_a_caller_that_gave_up_before_the_write_is_skipped(tmp_path: Path) -> None:
+    in_fsync = threading.Event()
+    release = threading.Event()
+
+    class HeldLog(SegmentedLog):
+        def sync(self) -> None:
+            super().sync()
+            in_fsync.set()
+            release.wait(10)  # the writer is busy with the first batch until the test says so
+
     async def scenario() -> None:
-        log = SegmentedLog(tmp_path)
+        log = HeldLog(tmp_path)
         committer = GroupCommitter(log)
+        first = asyncio.create_task(committer.append(b"first"))
+        await asyncio.to_thread(in_fsync.wait, 10)
         abandoned = asyncio.create_task(committer.append(b"abandoned"))
-        await asyncio.sleep(0)  # queued, but the drainer has not taken it yet
+        await asyncio.sleep(0)  # queued behind the first batch
         abandoned.cancel()
         kept = asyncio.create_task(committer.append(b"kept"))
-        await asyncio.gather(abandoned, kept, return_exceptions=True)
+        await asyncio.sleep(0)
+        release.set()
+        await asyncio.gather(first, abandoned, kept, return_exceptions=True)
+        assert abandoned.cancelled() and not kept.cancelled()
         await committer.close()
         log.close()
-        assert [p for _, p in read_records(tmp_path, 0, scan_end(tmp_path, 0))] == [b"kept"]
+        assert [p for _, p in read_records(tmp_path, 0, scan_end(tmp_path, 0))] == [b"first", b"kept"]
+
+
+def test_batches_are_resolved_with_one_loop_wakeup_each(tmp_path: Path) -> None:
+    async def scenario() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        calls = 0
+        real = loop.call_soon_threadsafe
+
+        def counting(*args: object, **kwargs: object) -> object:
+            nonlocal calls
+            calls += 1
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        log = CountingLog(tmp_path)
+        committer = GroupCommitter(log)
+        await asyncio.gather(*(committer.append(b"r") for _ in range(300)))
+        await committer.close()
+        log.close()
+        return calls, log.syncs
+
+    calls, syncs = asyncio.run(scenario())
+    assert syncs < 300
+    assert calls <= syncs + 2  # one per batch (and the join at close), not one per request
 
     asyncio.run(scenario())
 

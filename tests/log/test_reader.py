@@ -11,11 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headrace.log.reader import LogCorruption, read_records, scan_end
-from headrace.log.segments import SegmentedLog, list_segments, segment_path
+from headrace.log.segments import DEFAULT_PREALLOCATE_BYTES, SegmentedLog, list_segments, segment_path
 
 
-def write(directory: Path, payloads: list[bytes], segment_bytes: int = 64 << 20) -> list[int]:
-    with SegmentedLog(directory, segment_bytes=segment_bytes) as log:
+def write(directory: Path, payloads: list[bytes], segment_bytes: int = 64 << 20,
+          preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES) -> list[int]:
+    with SegmentedLog(directory, segment_bytes=segment_bytes, preallocate_bytes=preallocate_bytes) as log:
         offsets = log.append_offsets(payloads)
         log.sync()
     return offsets
@@ -49,11 +50,14 @@ def test_read_range_is_half_open(tmp_path: Path) -> None:
     assert list(read_records(tmp_path, offsets[2], offsets[2])) == []
 
 
-def test_scan_end_stops_at_a_partial_record_and_resumes(tmp_path: Path) -> None:
-    offsets = write(tmp_path, [b"complete"])
+@pytest.mark.parametrize("preallocate_bytes", [0, 4096], ids=["growing-file", "preallocated"])
+def test_scan_end_stops_at_a_partial_record_and_resumes(tmp_path: Path, preallocate_bytes: int) -> None:
+    offsets = write(tmp_path, [b"complete"], preallocate_bytes=preallocate_bytes)
     end = scan_end(tmp_path, 0)
+    assert segment_path(tmp_path, 0).stat().st_size == (end if preallocate_bytes == 0 else 4096)
     frame = struct.pack(">II", 9, zlib.crc32(b"appending")) + b"appending"
-    with open(segment_path(tmp_path, 0), "ab", buffering=0) as segment:
+    with open(segment_path(tmp_path, 0), "r+b", buffering=0) as segment:
+        segment.seek(end)  # where the writer's pwrite goes: past the file's end, or over zeros
         # The writer is mid-way through the header, then mid-way through the payload.
         for piece in (frame[:3], frame[3:8], frame[8:12]):
             segment.write(piece)

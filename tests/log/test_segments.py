@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from headrace.log.reader import read_records, scan_end
-from headrace.log.segments import LogCorruption, SegmentedLog, list_segments, segment_path
+from headrace.log.segments import (
+    DEFAULT_PREALLOCATE_BYTES,
+    LogCorruption,
+    SegmentedLog,
+    list_segments,
+    segment_path,
+    valid_prefix_length,
+)
 
 
 def read_all(directory: Path) -> list[tuple[int, bytes]]:
@@ -32,7 +39,9 @@ def test_frame_is_length_crc_payload_big_endian(tmp_path: Path) -> None:
         log.append([b"xyz"])
         log.sync()
     raw = segment_path(tmp_path, 0).read_bytes()
-    assert raw == struct.pack(">II", 3, zlib.crc32(b"xyz")) + b"xyz"
+    frame = struct.pack(">II", 3, zlib.crc32(b"xyz")) + b"xyz"
+    assert raw[:len(frame)] == frame
+    assert raw[len(frame):] == bytes(len(raw) - len(frame))  # the preallocated rest is zeros
 
 
 def test_empty_append_and_empty_payload(tmp_path: Path) -> None:
@@ -123,13 +132,13 @@ def test_overlapping_segments_refuse_to_open(tmp_path: Path) -> None:
 def test_failed_write_is_cut_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with SegmentedLog(tmp_path) as log:
         log.append([b"kept"])
-        real_write = os.write
+        real_pwrite = os.pwrite
 
-        def short_write_then_fail(fd: int, data: bytes) -> int:
-            real_write(fd, bytes(data[:3]))  # a partial write reaches the file, then the disk fills
+        def short_write_then_fail(fd: int, data: bytes, offset: int) -> int:
+            real_pwrite(fd, bytes(data[:3]), offset)  # a partial write reaches the file, then the disk fills
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(os, "write", short_write_then_fail)
+        monkeypatch.setattr(os, "pwrite", short_write_then_fail)
         with pytest.raises(OSError):
             log.append([b"lost"])
         monkeypatch.undo()
@@ -152,3 +161,133 @@ def test_close_is_idempotent_and_final(tmp_path: Path) -> None:
     log.close()
     with pytest.raises(OSError, match="closed"):
         log.append([b"x"])
+
+
+# -- preallocated tails -----------------------------------------------------------------------------
+
+
+def test_tail_is_zero_filled_in_whole_chunks_and_grows_only_per_chunk(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path, preallocate_bytes=4096) as log:
+        log.append([b"a" * 100])
+        log.sync()
+        path = segment_path(tmp_path, 0)
+        assert path.stat().st_size == 4096
+        for _ in range(30):  # 30 x 108 bytes: still inside the first chunk, so the size never changes
+            log.append([b"b" * 100])
+        assert path.stat().st_size == 4096
+        log.append([b"c" * 1000])  # crosses the chunk: one growth, to the next whole chunk
+        assert path.stat().st_size == 8192
+        log.sync()
+        end = log.end_offset
+    assert scan_end(tmp_path, 0) == end
+    assert [len(payload) for _, payload in read_all(tmp_path)] == [100] * 31 + [1000]
+    assert valid_prefix_length(path) == end
+
+
+def test_preallocation_never_goes_past_the_segment_size(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path, segment_bytes=1000, preallocate_bytes=4096) as log:
+        log.append([b"x" * 10])
+        assert segment_path(tmp_path, 0).stat().st_size == 1000
+        log.append([b"y" * 5000])  # bigger than a segment: its own segment, no zeros after it
+        log.sync()
+    assert segment_path(tmp_path, 18).stat().st_size == 5008
+
+
+def test_rolled_segments_are_cut_to_their_records(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path, segment_bytes=400, preallocate_bytes=128) as log:
+        offsets = log.append_offsets([bytes([i]) * 90 for i in range(1, 10)])
+        log.sync()
+        end = log.end_offset
+    bases = list_segments(tmp_path)
+    assert len(bases) > 2
+    sizes = [segment_path(tmp_path, base).stat().st_size for base in bases]
+    assert sizes[:-1] == [later - base for base, later in zip(bases, bases[1:])]  # exact, no zeros
+    assert sizes[-1] > end - bases[-1]  # the tail keeps its zeros
+    assert [offset for offset, _ in read_all(tmp_path)] == offsets
+
+
+def test_a_roll_whose_cut_was_lost_is_repaired(tmp_path: Path) -> None:
+    # A crash after the roll but before its cut reached the disk: the rolled segment still ends in
+    # preallocated zeros. Readers go past them to the next segment; recovery cuts them.
+    with SegmentedLog(tmp_path, segment_bytes=40, preallocate_bytes=0) as log:
+        offsets = log.append_offsets([b"a" * 10, b"b" * 10, b"c" * 10])
+        log.sync()
+    assert list_segments(tmp_path) == [0, 36]
+    with open(segment_path(tmp_path, 0), "ab") as rolled:
+        rolled.write(bytes(100))
+    assert scan_end(tmp_path, 0) == 54
+    assert [offset for offset, _ in read_all(tmp_path)] == offsets
+    with SegmentedLog(tmp_path, segment_bytes=40) as log:
+        assert log.end_offset == 54
+        assert segment_path(tmp_path, 0).stat().st_size == 36
+        log.append([b"d"])
+        log.sync()
+    assert [payload for _, payload in read_all(tmp_path)] == [b"a" * 10, b"b" * 10, b"c" * 10, b"d"]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        b"\x00\x00\x00\x05",  # a header whose length arrived, but not its checksum nor payload
+        struct.pack(">II", 100, 0) + b"short",  # a payload still partly zeros
+        struct.pack(">II", 5, zlib.crc32(b"right")) + b"wrong",  # a checksum mismatch
+        struct.pack(">II", 0, 12345),  # a zero length that is not zeros
+        os.urandom(1000),  # garbage
+    ],
+    ids=["partial-header", "partial-payload", "bad-crc", "zero-length-garbage", "garbage"],
+)
+def test_torn_write_inside_the_preallocated_region_is_cut_off(tmp_path: Path, damage: bytes) -> None:
+    with SegmentedLog(tmp_path) as log:
+        log.append([b"first", b"second"])
+        log.sync()
+        good_end = log.end_offset
+    path = segment_path(tmp_path, 0)
+    assert path.stat().st_size == DEFAULT_PREALLOCATE_BYTES
+    with open(path, "r+b") as segment:  # a crash mid-write: the damage sits where the next record goes
+        segment.seek(good_end)
+        segment.write(damage)
+    assert scan_end(tmp_path, 0) == good_end
+    with SegmentedLog(tmp_path) as log:
+        assert log.end_offset == good_end
+        assert path.stat().st_size == good_end  # the damage is gone with the zeros
+        assert log.append([b"third"]) == (good_end, good_end + 13)
+        log.sync()
+    assert [payload for _, payload in read_all(tmp_path)] == [b"first", b"second", b"third"]
+
+
+def test_stale_records_past_a_hole_never_come_back(tmp_path: Path) -> None:
+    # A torn write can reach the disk out of order: a later page of it landed, an earlier one did
+    # not (still zeros). The later page holds well-formed frames that were never acknowledged; if
+    # they stayed in the file, a new record could end exactly where one of them starts and make
+    # it readable. Recovery truncates at the end of the valid records, so they are gone.
+    with SegmentedLog(tmp_path) as log:
+        log.append([b"acked"])
+        log.sync()
+        good_end = log.end_offset
+    stale = struct.pack(">II", 5, zlib.crc32(b"stale")) + b"stale"
+    with open(segment_path(tmp_path, 0), "r+b") as segment:
+        segment.seek(good_end + 8 + 20)
+        segment.write(stale)
+    assert scan_end(tmp_path, 0) == good_end
+    with SegmentedLog(tmp_path) as log:
+        log.append([b"x" * 20])  # ends exactly where the stale frame started
+        log.sync()
+    assert [payload for _, payload in read_all(tmp_path)] == [b"acked", b"x" * 20]
+
+
+def test_failed_preallocation_leaves_the_records_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_pwrite = os.pwrite
+
+    def no_room_for_zeros(fd: int, data: bytes, offset: int) -> int:
+        if not any(data):
+            raise OSError(28, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", no_room_for_zeros)
+    with SegmentedLog(tmp_path) as log:
+        assert log.append([b"one"]) == (0, 11)
+        assert segment_path(tmp_path, 0).stat().st_size == 11
+        assert log.append([b"two"]) == (11, 22)
+        log.sync()
+    monkeypatch.undo()
+    assert [payload for _, payload in read_all(tmp_path)] == [b"one", b"two"]

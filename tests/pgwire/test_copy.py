@@ -25,15 +25,15 @@ TARGET = CopyFrom(("public", "t"), COLUMNS, CopyOptions())
 CSV_TARGET = CopyFrom(("public", "t"), COLUMNS, CopyOptions.parse({"format": "csv"}, direction="from"))
 
 
-async def _payloads(response: CopyTo, rows: Sequence[tuple[Any, ...]]) -> AsyncIterator[bytes]:
+async def _payloads(response: CopyTo, rows: Sequence[tuple[Any, ...]]) -> AsyncIterator[list[bytes]]:
     encoder = CopyEncoder(response.options, [c.type_oid for c in response.columns], [c.name for c in response.columns])
-    yield encoder.header()
+    yield [encoder.header()]
     for row in rows:
         response.row_count += 1
-        yield encoder.row(row)
+        yield [encoder.row(row)]
     trailer = encoder.trailer()
     if trailer:
-        yield trailer
+        yield [trailer]
 
 
 @dataclass
@@ -239,11 +239,11 @@ def test_copy_out_flushes_while_it_streams() -> None:
         session = await client.start()
         gate = asyncio.Event()
 
-        async def slow(response: CopyTo) -> AsyncIterator[bytes]:
-            yield b"1\n"
+        async def slow(response: CopyTo) -> AsyncIterator[list[bytes]]:
+            yield [b"1\n"]
             await gate.wait()
             response.row_count = 2
-            yield b"2\n"
+            yield [b"2\n"]
 
         response = CopyTo(CopyOptions(), (Column("n", t.INT4),), data=None)  # type: ignore[arg-type]
         response.data = slow(response)

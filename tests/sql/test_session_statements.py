@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
@@ -118,12 +118,14 @@ names = st.from_regex(r"[a-z_][a-z0-9_]{0,20}", fullmatch=True).filter(
     lambda name: name not in {"all", "from", "in", "next", "forward", "to", "default", "local", "session"})
 
 
+@settings(deadline=None)
 @given(names, st.integers(min_value=0, max_value=10**6))
 def test_fetch_round_trips_names_and_counts(name: str, count: int) -> None:
     fetch = parse_statement(f'FETCH FORWARD {count} FROM "{name}"')
     assert (fetch.this, fetch.args["count"]) == (name, count)
 
 
+@settings(deadline=None)
 @given(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20))
 def test_set_string_values_round_trip(value: str) -> None:
     quoted = "'" + value.replace("'", "''") + "'"

@@ -17,6 +17,7 @@ from headrace.catalog.catalog import Catalog
 from headrace.catalog.roles import RoleCatalog
 from headrace.catalog.system import SystemCatalog
 from headrace.catalog.items import WebhookSource
+from headrace.catalog.views import MaterializedView
 from headrace.coordinator.responses import (
     Column,
     CommandComplete,
@@ -61,7 +62,8 @@ AbortedTransaction = "25P02"
 class Coordinator:
     def __init__(self, catalog: Catalog, resources: SourceResources, executor: ThreadPoolExecutor,
                  on_sources_changed: Callable[[list[WebhookSource]], None],
-                 roles: RoleCatalog | None = None, system_tables: SystemTables | None = None) -> None:
+                 roles: RoleCatalog | None = None, system_tables: SystemTables | None = None,
+                 on_views_changed: Callable[[list[MaterializedView]], None] | None = None) -> None:
         self.catalog = catalog
         self.system_tables = system_tables  # headrace_internal.webhook_counters, ... (in-memory relations)
         self.roles = roles if roles is not None else RoleCatalog(None)  # CREATE ROLE; pg_roles reads list_roles()
@@ -73,7 +75,8 @@ class Coordinator:
         self.source_ddl = SourceDdl(catalog, resources, self._ddl_lock, self._on_sources_changed)
         # CREATE / DROP / SHOW [CREATE] MATERIALIZED VIEW[S] (coordinator/views.py)
         self.views = view_ddl.ViewDdl(catalog, resources.store, executor, self._ddl_lock,
-                                      resources.layout.root / "pipeline" / "checkpoints")
+                                      resources.layout.root / "pipeline" / "checkpoints", on_views_changed)
+        self.source_ddl.views = self.views  # DROP SOURCE refused / CASCADE while views read it
         # PREPARE / DECLARE / FETCH / COPY / SET / BEGIN ... (coordinator/session_sql.py)
         self.session_sql = SessionStatements(self, SourcesAreNotTables(catalog))
         # pg_catalog / information_schema generated from the catalog and roles (catalog/system)

@@ -59,39 +59,46 @@ def copy_to(options: CopyOptions, inner: SendingRows | Subscribing) -> CopyTo:
     return response
 
 
-async def _empty() -> AsyncIterator[bytes]:
+ROWS_PER_BATCH = 1000  # payloads handed to the protocol layer at once
+
+
+async def _empty() -> AsyncIterator[Sequence[bytes]]:
     return
-    yield b""  # pragma: no cover - makes this an async generator
+    yield []  # pragma: no cover - makes this an async generator
 
 
 async def _rows_payloads(response: CopyTo, encoder: CopyEncoder,
-                         batches: Sequence[Sequence[tuple[Any, ...]]]) -> AsyncIterator[bytes]:
+                         batches: Sequence[Sequence[tuple[Any, ...]]]) -> AsyncIterator[Sequence[bytes]]:
+    # The header rides with the first row: psycopg reads the binary signature and the first tuple
+    # from one CopyData, as PostgreSQL sends them.
     pending = encoder.header()
+    encode = encoder.row
     for batch in batches:
-        for row in batch:
-            payload = encoder.row(row)
-            response.row_count += 1
+        for start in range(0, len(batch), ROWS_PER_BATCH):
+            chunk = batch[start:start + ROWS_PER_BATCH]
+            payloads = [encode(row) for row in chunk]
             if pending:
-                payload, pending = pending + payload, b""
-            yield payload
-    if pending:
-        yield pending
-    trailer = encoder.trailer()
-    if trailer:
-        yield trailer
+                payloads[0], pending = pending + payloads[0], b""
+            response.row_count += len(chunk)
+            yield payloads
+    last = pending + encoder.trailer()
+    if last:
+        yield [last]
 
 
-async def _stream_payloads(response: CopyTo, encoder: CopyEncoder, inner: Subscribing) -> AsyncIterator[bytes]:
+async def _stream_payloads(response: CopyTo, encoder: CopyEncoder, inner: Subscribing) -> AsyncIterator[Sequence[bytes]]:
+    pending = encoder.header()
     try:
-        header = encoder.header()
-        if header:
-            yield header
         async for batch in inner.batches:
-            for row in batch:
-                response.row_count += 1
-                yield encoder.row(row)
-        trailer = encoder.trailer()
-        if trailer:
-            yield trailer
+            if not batch:
+                continue
+            payloads = [encoder.row(row) for row in batch]
+            if pending:
+                payloads[0], pending = pending + payloads[0], b""
+            response.row_count += len(batch)
+            yield payloads
+        last = pending + encoder.trailer()
+        if last:
+            yield [last]
     finally:
         inner.cancel()

@@ -20,6 +20,7 @@ from headrace.catalog.catalog import Catalog
 from headrace.catalog.items import DEFAULT_SCHEMA, Secret, WebhookSource
 from headrace.coordinator.responses import Column, CommandComplete, ExecuteResponse, SendingRows
 from headrace.coordinator.sources import SourceResources
+from headrace.coordinator.views import ViewDdl
 from headrace.errors import (
     DuplicateObject,
     FeatureNotSupported,
@@ -52,6 +53,9 @@ class SourceDdl:
         self.resources = resources
         self._ddl_lock = ddl_lock
         self._on_sources_changed = on_sources_changed
+        # Materialized views reading sources (coordinator/views.py; set by the coordinator): a name clash at
+        # CREATE SOURCE, and DROP SOURCE refused (2BP01) while views read it, unless CASCADE drops them.
+        self.views: ViewDdl | None = None
 
     async def execute(self, ast: exp.Expr) -> ExecuteResponse:
         if isinstance(ast, CreateWebhookSource):
@@ -76,6 +80,10 @@ class SourceDdl:
                 if ast.args.get("if_not_exists"):
                     return CommandComplete("CREATE SOURCE", (f'source "{name}" already exists, skipping',))
                 raise DuplicateObject(f'source "{name}" already exists')
+            if self.catalog.find_view(schema, name) is not None:
+                if ast.args.get("if_not_exists"):
+                    return CommandComplete("CREATE SOURCE", (f'relation "{name}" already exists, skipping',))
+                raise DuplicateObject(f'relation "{name}" already exists', detail=f'"{name}" is a materialized view')
             source = webhook_source_from_statement("pending", ast)
             for secret_name in source.secret_names():
                 if self.catalog.secret_value(secret_name) is None:
@@ -101,15 +109,23 @@ class SourceDdl:
                         continue
                     raise UndefinedObject(f'unknown source "{name}"')
                 targets.append(source)
-            await self._drop(targets)
+            notices.extend(await self._drop(targets, cascade=bool(ast.args.get("cascade"))))
             return CommandComplete("DROP SOURCE", tuple(notices))
 
-    async def _drop(self, sources: list[WebhookSource]) -> None:
+    async def _drop(self, sources: list[WebhookSource], cascade: bool = False) -> list[str]:
+        notices: list[str] = []
+        if self.views is not None:
+            for source in sources:  # all refused before anything is dropped
+                if not cascade:
+                    self.views.refuse_drop_of_input(source.schema, source.name)
+            for source in sources:
+                notices.extend(await self.views.drop_readers_of(source.schema, source.name))
         for source in sources:
             self.catalog.remove(source.id)
             await self.resources.remove(source)  # the endpoint answers 404 from here on
         if sources:
             self._sources_changed()
+        return notices
 
     async def alter_source_window(self, ast: AlterSourceWindow) -> CommandComplete:
         async with self._ddl_lock:
@@ -176,7 +192,7 @@ class SourceDdl:
                 dependents.extend(user for user in users if user not in dependents)
             for source in dependents:
                 notices.append(f'drop cascades to source "{source.name}"')
-            await self._drop(dependents)
+            notices.extend(await self._drop(dependents, cascade=True))
             for secret in secrets:
                 self.catalog.remove_secret(secret.id)
             return CommandComplete("DROP SECRET", tuple(notices))

@@ -70,12 +70,13 @@ class Subscribing:
 
 @dataclass(slots=True)
 class CopyTo:
-    """COPY ... TO STDOUT: `data` yields the CopyData payloads (header and trailer included);
-    `row_count` counts the rows written so far, so the tag is right once `data` is exhausted."""
+    """COPY ... TO STDOUT: `data` yields batches of CopyData payloads, one payload per row as
+    PostgreSQL sends them (header and trailer included); `row_count` counts the rows written so
+    far, so the tag is right once `data` is exhausted."""
 
     options: CopyOptions
     columns: tuple[Column, ...]
-    data: AsyncIterator[bytes]
+    data: AsyncIterator[Sequence[bytes]]
     row_count: int = 0
 
     @property

@@ -40,7 +40,9 @@ from headrace.coordinator.responses import (
 )
 from headrace.errors import FeatureNotSupported, HeadraceError, QueryCanceled
 from headrace.pgwire import types as pg
+from headrace.pgwire.auth import AuthMethod, choose_method
 from headrace.pgwire.interfaces import AdapterClient, SessionClient
+from headrace.pgwire.security import SecurityConfig
 
 DEFAULT_USER = "headrace"
 DATABASE = "headrace"
@@ -48,10 +50,25 @@ UNNAMED = ""
 
 
 class SqlEndpoint:
-    """The adapter client behind the routes; None until the coordinator is up (503 meanwhile)."""
+    """The adapter client behind the routes; None until the coordinator is up (503 meanwhile).
+    Authentication follows pgwire's rules (`security`): trust, or a password (HTTP Basic, or the
+    WebSocket's first message) checked against the role's verifier."""
 
     def __init__(self) -> None:
         self.adapter: AdapterClient | None = None
+        self.security: SecurityConfig = SecurityConfig()
+
+    def authenticate(self, user: str, password: str | None, peer: str | None) -> None:
+        method = choose_method(self.security.auth_rules, user, peer)
+        if method is AuthMethod.TRUST:
+            return
+        if method is AuthMethod.REJECT:
+            raise HeadraceError(f'no authentication rule for host "{peer or "local"}", user "{user}"',
+                                sqlstate="28000", http_status=401)
+        verifier = self.security.credentials.password_verifier(user)
+        if not password or verifier is None or not verifier.matches_password(password):
+            raise HeadraceError(f'password authentication failed for user "{user}"', sqlstate="28P01",
+                                http_status=401)
 
 
 SQL_ENDPOINT: web.AppKey[SqlEndpoint] = web.AppKey("headrace_sql_endpoint", SqlEndpoint)
@@ -65,8 +82,11 @@ def add_sql_routes(app: web.Application) -> SqlEndpoint:
     return endpoint
 
 
-def set_sql_adapter(app: web.Application, adapter: AdapterClient) -> None:
-    app[SQL_ENDPOINT].adapter = adapter
+def set_sql_adapter(app: web.Application, adapter: AdapterClient, security: SecurityConfig | None = None) -> None:
+    endpoint = app[SQL_ENDPOINT]
+    endpoint.adapter = adapter
+    if security is not None:
+        endpoint.security = security
 
 
 # --- requests and events ------------------------------------------------------------------------
@@ -247,14 +267,21 @@ def json_converter(oid: int) -> Any:
 
 # --- POST /api/sql ------------------------------------------------------------------------------
 
-def _user_of(request: web.Request) -> str:
+def _credentials_of(request: web.Request) -> tuple[str, str | None]:
+    """HTTP Basic's user and password; the default user (no password) without the header."""
     header = request.headers.get("Authorization", "")
     if header.lower().startswith("basic "):
         try:
-            return base64.b64decode(header[6:]).decode().split(":", 1)[0] or DEFAULT_USER
+            user, _, password = base64.b64decode(header[6:]).decode().partition(":")
         except ValueError:
-            return DEFAULT_USER
-    return DEFAULT_USER
+            raise BadRequest("malformed Authorization header") from None
+        return user or DEFAULT_USER, password
+    return DEFAULT_USER, None
+
+
+def _peer_of(request: web.Request) -> str | None:
+    peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+    return str(peer[0]) if peer else None
 
 
 def _options_of(request: web.Request) -> dict[str, str]:
@@ -277,10 +304,12 @@ async def _http_sql(request: web.Request) -> web.StreamResponse:
     try:
         queries = parse_request(await request.json())
         options = _options_of(request)
+        user, password = _credentials_of(request)
     except (BadRequest, ValueError) as exc:
         return web.Response(status=400, text=str(exc) if isinstance(exc, BadRequest) else "request body is not JSON")
     try:
-        session = await adapter.new_session(_user_of(request), DATABASE, options)
+        request.app[SQL_ENDPOINT].authenticate(user, password, _peer_of(request))
+        session = await adapter.new_session(user, DATABASE, options)
     except HeadraceError as error:
         return web.Response(status=error.http_status if error.http_status != 500 else 400, text=error.message)
     try:
@@ -331,9 +360,11 @@ async def _websocket_sql(request: web.Request) -> web.StreamResponse:
         options = auth.get("options") or {}
         if not isinstance(options, dict):
             raise BadRequest("options must be a JSON object")
-        user = auth.get("user") if isinstance(auth.get("user"), str) else DEFAULT_USER
-        session = await adapter.new_session(user or DEFAULT_USER, DATABASE,
-                                            {str(k): str(v) for k, v in options.items()})
+        user = str(auth.get("user") or DEFAULT_USER)
+        password = auth.get("password")
+        request.app[SQL_ENDPOINT].authenticate(user, password if isinstance(password, str) else None,
+                                               _peer_of(request))
+        session = await adapter.new_session(user, DATABASE, {str(k): str(v) for k, v in options.items()})
     except (BadRequest, HeadraceError) as exc:
         message = exc.message if isinstance(exc, HeadraceError) else str(exc)
         await ws.close(code=1008, message=message.encode()[:120])

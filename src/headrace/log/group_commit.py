@@ -1,9 +1,12 @@
 """Group commit: many concurrent appenders share one fsync.
 
-One background task owns the log. It takes everything queued (up to `max_batch`), writes and syncs
-it in a worker thread, then resolves every waiter with its record's offset. While that fsync runs,
-the event loop keeps accepting requests; they queue up and become the next batch, so the number of
-fsyncs per second stays at what the disk can do while throughput grows with concurrency.
+One writer thread owns the log. It takes everything queued (up to `max_batch`), encodes, writes and
+syncs it, then hands the whole batch back to the event loop with one `call_soon_threadsafe`, which
+resolves every waiter with its record's offset. While that fsync runs, the event loop keeps
+accepting requests; they queue up and become the next batch, which the thread takes as soon as the
+fsync returns, without waiting for the event loop to get round to it (the loop is then busy
+answering the batch just made durable). The number of fsyncs per second stays at what the disk can
+do while throughput grows with concurrency.
 
 Failure policy. A failed write leaves the log consistent (SegmentedLog cuts the partial write
 back), so only that batch fails. A failed fsync is different: Linux reports a writeback error once
@@ -21,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 import time
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 from headrace.errors import ServiceUnavailable
@@ -67,12 +70,16 @@ class GroupCommitter:
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
         self._codec: BatchCodec = codec or _BytesCodec()
+        # Shared with the writer thread, under _lock: the queue, its size, and the closing flag.
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
         self._pending: collections.deque[_Entry] = collections.deque()
         self._pending_items = 0
-        self._wakeup: asyncio.Event | None = None
-        self._drainer: asyncio.Task[None] | None = None
-        self._failure: str | None = None  # set after an fsync error: the log must be reopened
+        self._writer_waiting = False  # the writer sleeps on _wakeup: the next append must notify it
         self._closing = False
+        self._writer: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._failure: str | None = None  # set after an fsync error: the log must be reopened
 
     @property
     def failure(self) -> str | None:
@@ -85,130 +92,145 @@ class GroupCommitter:
             raise ValueError(f"a record payload must be 1..{MAX_PAYLOAD_BYTES} bytes, got {len(payload)}")
         return (await self.append_many([payload]))[0]
 
-    async def append_many(self, items: list[Any]) -> list[int]:
-        """Append items (payloads, or what the codec encodes) in one batch; returns their offsets
-        once all are durable."""
+    def append_many(self, items: list[Any]) -> asyncio.Future[list[int]]:
+        """Append items (payloads, or what the codec encodes) in one batch. Await the result for
+        their offsets, once all are durable. (A plain future, not a coroutine: no task or coroutine
+        object per request.)"""
         if self._failure is not None:
             raise ServiceUnavailable(f"could not write the source's log: {self._failure}")
         if self._closing:
             raise ServiceUnavailable("the source's log is closing")
-        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self._pending.append((items, future))
-        self._pending_items += len(items)
-        self._ensure_drainer().set()
-        return await future
+        loop = self._loop
+        if loop is None:  # started lazily: the committer may be built before the event loop runs
+            loop = self._start()
+        future: asyncio.Future[list[int]] = loop.create_future()
+        with self._lock:
+            self._pending.append((items, future))
+            self._pending_items += len(items)
+            if self._writer_waiting:
+                self._writer_waiting = False
+                self._wakeup.notify()
+        return future
 
     @property
     def queued(self) -> int:
         """Items waiting for the next batch."""
         return self._pending_items
+
     async def close(self) -> None:
         """Commit everything already queued, then stop. Later appends raise ServiceUnavailable."""
-        self._closing = True
-        if self._drainer is not None:
-            assert self._wakeup is not None
-            self._wakeup.set()
-            # A drainer that was cancelled has already failed its waiters; closing still succeeds.
-            await asyncio.gather(self._drainer, return_exceptions=True)
+        with self._lock:
+            self._closing = True
+            self._wakeup.notify()
+        writer = self._writer
+        if writer is not None:
+            await asyncio.to_thread(writer.join)
 
-    def _ensure_drainer(self) -> asyncio.Event:
-        # Started lazily: the committer may be built before the event loop runs.
-        if self._wakeup is None:
-            self._wakeup = asyncio.Event()
-        if self._drainer is None:
-            self._drainer = asyncio.get_running_loop().create_task(self._drain(), name="group-commit")
-        return self._wakeup
+    def _start(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        # A daemon: a loop that ends without close() must not keep the process alive.
+        self._writer = threading.Thread(target=self._write_forever, name="group-commit", daemon=True)
+        self._writer.start()
+        return loop
 
-    async def _drain(self) -> None:
-        assert self._wakeup is not None
+    # -- the writer thread -------------------------------------------------------------------
+
+    def _write_forever(self) -> None:
         while True:
-            if not self._pending:
-                if self._closing:
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            if self._max_wait_s > 0:
-                await self._grow_batch()
-            batch = self._take_batch()
+            batch = self._next_batch()
+            if batch is None:
+                return
             if batch:
-                await self._commit(batch)
+                self._commit(batch)
 
-    async def _grow_batch(self) -> None:
-        """Wait up to max_wait_s for more appenders: fewer, larger fsyncs at some latency cost."""
-        assert self._wakeup is not None
-        deadline = time.monotonic() + self._max_wait_s
-        while self._pending_items < self._max_batch and not self._closing:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except TimeoutError:
-                return
+    def _next_batch(self) -> list[_Entry] | None:
+        """Wait for work; then whole entries (a request's rows stay together) up to max_batch items,
+        at least one entry. None once closing and drained."""
+        with self._lock:
+            while not self._pending:
+                if self._closing:
+                    return None
+                self._writer_waiting = True
+                self._wakeup.wait()
+            if self._max_wait_s > 0:  # fewer, larger fsyncs at some latency cost
+                deadline = time.monotonic() + self._max_wait_s
+                while self._pending_items < self._max_batch and not self._closing:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._writer_waiting = True
+                    self._wakeup.wait(remaining)
+                self._writer_waiting = False
+            batch: list[_Entry] = []
+            taken = 0
+            pending = self._pending
+            while pending and (not batch or taken + len(pending[0][0]) <= self._max_batch):
+                items, future = pending.popleft()
+                self._pending_items -= len(items)
+                # The caller gave up before the write: it never got a 200. (Reading another
+                # thread's future state is a benign race: at worst it is written anyway.)
+                if not future.cancelled():
+                    batch.append((items, future))
+                    taken += len(items)
+            return batch
 
-    def _take_batch(self) -> list[_Entry]:
-        """Whole entries (a request's rows stay together) up to max_batch items, at least one entry."""
-        batch: list[_Entry] = []
-        taken = 0
-        while self._pending and (not batch or taken + len(self._pending[0][0]) <= self._max_batch):
-            items, future = self._pending.popleft()
-            self._pending_items -= len(items)
-            if not future.cancelled():  # the caller gave up before the write: it never got a 200
-                batch.append((items, future))
-                taken += len(items)
-        return batch
-
-    async def _commit(self, batch: list[_Entry]) -> None:
+    def _commit(self, batch: list[_Entry]) -> None:
         if self._failure is not None:
-            self._fail(batch, self._failure)
+            self._settle(batch, None, self._failure)
             return
-        items = [item for entry_items, _ in batch for item in entry_items]
+        items = batch[0][0] if len(batch) == 1 else [item for entry_items, _ in batch for item in entry_items]
         try:
-            offsets = await asyncio.to_thread(self._write_and_sync, items)
-        except OSError as error:
-            self._fail(batch, str(error))
+            payloads = self._codec.encode(items, self._log.end_offset)
+            for payload in payloads:
+                if not 0 < len(payload) <= MAX_PAYLOAD_BYTES:
+                    raise ValueError(f"a record payload must be 1..{MAX_PAYLOAD_BYTES} bytes, got {len(payload)}")
+            offsets = self._log.append_offsets(payloads)
+        except OSError as error:  # the write was cut back: only this batch fails
+            self._settle(batch, None, str(error))
             return
         except Exception as error:  # a bug, not the disk: stop trusting the log, keep answering
             self._failure = f"unexpected error: {error!r}"
-            self._fail(batch, self._failure)
+            self._settle(batch, None, self._failure)
             return
-        except asyncio.CancelledError:
-            # The loop is going away while a worker thread may still be writing: fail everyone
-            # (never leave a waiter hanging) and refuse appends, as the log's state is unknown.
-            self._failure = "the group committer was cancelled"
-            self._fail(batch, self._failure)
-            self._fail(list(self._pending), self._failure)
-            self._pending.clear()
-            self._pending_items = 0
-            raise
-        position = 0
-        for entry_items, future in batch:
-            count = len(entry_items)
-            if not future.done():
-                future.set_result(offsets[position:position + count])
-            position += count
-
-    def _write_and_sync(self, items: list[Any]) -> list[int]:
-        """Runs in a worker thread so the event loop keeps taking requests during the fsync."""
-        payloads = self._codec.encode(items, self._log.end_offset)
-        for payload in payloads:
-            if not 0 < len(payload) <= MAX_PAYLOAD_BYTES:
-                raise ValueError(f"a record payload must be 1..{MAX_PAYLOAD_BYTES} bytes, got {len(payload)}")
-        offsets = self._log.append_offsets(payloads)
         try:
             self._log.sync()
-        except OSError as error:
+        except Exception as error:
             self._failure = f"fsync failed; the log must be reopened: {error}"
-            raise
+            self._settle(batch, None, str(error))
+            return
+        # Durable: answer first, then tell the codec (its bookkeeping is off the ack path; the next
+        # batch is encoded by this same thread after it, so it always sees this one).
+        self._settle(batch, offsets, None)
         try:
             self._codec.durable(items, offsets, self._log.end_offset)
         except Exception as error:  # noqa: BLE001 - the batch is durable; only later appends are refused
             self._failure = f"could not record the batch after writing it: {error!r}"
-        return offsets
 
-    def _fail(self, batch: Sequence[_Entry], reason: str) -> None:
+    def _settle(self, batch: list[_Entry], offsets: list[int] | None, failure: str | None) -> None:
+        """One wake-up of the event loop per batch."""
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(_resolve, batch, offsets, failure)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+
+def _resolve(batch: list[_Entry], offsets: list[int] | None, failure: str | None) -> None:
+    """Runs in the event loop: every waiter of a batch gets its offsets, or ServiceUnavailable."""
+    if offsets is None:
         for _, future in batch:
             if not future.done():
-                future.set_exception(ServiceUnavailable(f"could not write the source's log: {reason}"))
+                future.set_exception(ServiceUnavailable(f"could not write the source's log: {failure}"))
+        return
+    if len(batch) == 1:
+        future = batch[0][1]
+        if not future.done():
+            future.set_result(offsets)
+        return
+    position = 0
+    for entry_items, future in batch:
+        count = len(entry_items)
+        if not future.done():
+            future.set_result(offsets[position:position + count])
+        position += count

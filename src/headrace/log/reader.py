@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from headrace.log.segments import (
+    CLEAN_ENDS,
     STOP_CORRUPT,
-    STOP_EOF,
     STOP_LIMIT,
     STOP_PARTIAL,
     FrameScanner,
@@ -36,7 +36,8 @@ def scan_end(directory: Path, start: int) -> int:
     """The offset just past the last complete, checksum-valid record at or after `start`.
 
     Reads only the bytes after `start` and stops quietly at a partial record (the writer is still
-    writing it) or at one that does not check out (a torn tail the writer's recovery will cut)."""
+    writing it), at one that does not check out (a torn tail the writer's recovery will cut), or at
+    the zero-filled rest of a preallocated segment."""
     bases = list_segments(directory)
     index = _segment_index(bases, start)
     if index < 0:
@@ -55,7 +56,7 @@ def scan_end(directory: Path, start: int) -> int:
         position = base + scanner.position
         next_index = index + 1
         # Go on only when this segment ended cleanly and the next one continues exactly here.
-        if scanner.stop_reason != STOP_EOF or next_index >= len(bases) or bases[next_index] != position:
+        if scanner.stop_reason not in CLEAN_ENDS or next_index >= len(bases) or bases[next_index] != position:
             return position
         index = next_index
     return position
@@ -93,6 +94,6 @@ def read_records(directory: Path, start: int, end: int) -> Iterator[tuple[int, b
             raise LogCorruption(
                 f"the record at offset {position} in the log in {directory} {problem} (reading up to {end})"
             )
-        index += 1  # clean end of this segment: the next one must start exactly here
+        index += 1  # clean end of this segment (its file, or its preallocated zeros): the next one must start here
         if index < len(bases) and bases[index] != position:
             raise LogCorruption(f"the log in {directory} has a gap at offset {position} (next segment {bases[index]})")

@@ -9,14 +9,21 @@ logical byte positions across the whole log; a segment file is named ``{base_off
 holds the records whose offsets start at ``base_offset``. A record never spans segments, so the
 segments of a healthy log are contiguous: ``base[i] + size[i] == base[i + 1]``.
 
-Empty payloads are refused: a zero-filled block (what some filesystems leave after a crash) parses
-as a run of empty records with a valid CRC (crc32(b"") == 0), so "length 0" is reserved to mean
-"not a record".
+Empty payloads are refused: a zero-filled block parses as a run of empty records with a valid CRC
+(crc32(b"") == 0), so "length 0" is reserved to mean "no record here": the end of the log.
+
+Preallocation. The tail segment is kept zero-filled (real zeros written, not fallocate's unwritten
+extents) a few MiB past its last record, and records are written with pwrite inside that region.
+fdatasync of an overwrite inside a file's size flushes only data pages; an append changes the file
+size, which costs a journal commit (about 20x slower here). So the file size changes once per
+`preallocate_bytes`, not once per group commit. The end of the records is the first zero length
+header (or the end of the file); rolled segments are cut back to their exact size at the roll.
 
 Durability contract: `append` only writes to the page cache; a record is durable once a later
 `sync()` returned. `sync()` flushes segments in order (older rolled segments first), so if any
 record is durable, every record before it is too. Recovery relies on that: everything after the
-first torn or corrupt record was never acknowledged and is cut off.
+first torn or corrupt record was never acknowledged and is cut off (the file is truncated there, so
+no stale bytes of an unacknowledged write can later line up with a new record boundary).
 """
 
 from __future__ import annotations
@@ -34,13 +41,17 @@ HEADER = struct.Struct(">II")  # payload length, crc32(payload)
 HEADER_BYTES = HEADER.size
 MAX_PAYLOAD_BYTES = 256 << 20  # a header claiming more is garbage, not a record
 SEGMENT_SUFFIX = ".log"
+DEFAULT_PREALLOCATE_BYTES = 4 << 20
 _READ_CHUNK_BYTES = 1 << 20
+_ZEROS = bytes(1 << 20)
 
 # Why a frame scan stopped.
 STOP_LIMIT = "limit"  # reached the requested stop position
 STOP_EOF = "eof"  # clean end of file on a record boundary
+STOP_ZEROS = "zeros"  # a zero length header: the unwritten, zero-filled rest of a preallocated segment
 STOP_PARTIAL = "partial"  # the file ends inside a record (being written, or torn by a crash)
-STOP_CORRUPT = "corrupt"  # a header or checksum that cannot be a record
+STOP_CORRUPT = "corrupt"  # a header or checksum that cannot be a record (or a record still being written)
+CLEAN_ENDS = (STOP_EOF, STOP_ZEROS)  # the segment's records end on a record boundary here
 
 
 class LogCorruption(Exception):
@@ -90,7 +101,10 @@ class FrameScanner:
             needed = HEADER_BYTES
             if available >= HEADER_BYTES:
                 length, checksum = HEADER.unpack_from(buffer, cursor)
-                if length == 0 or length > MAX_PAYLOAD_BYTES:
+                if length == 0:
+                    self.stop_reason = STOP_ZEROS if checksum == 0 else STOP_CORRUPT
+                    return
+                if length > MAX_PAYLOAD_BYTES:
                     self.stop_reason = STOP_CORRUPT
                     return
                 needed = HEADER_BYTES + length
@@ -115,7 +129,8 @@ class FrameScanner:
 
 
 def valid_prefix_length(path: Path) -> int:
-    """Length of the longest prefix of a segment file made of whole, checksum-valid records."""
+    """Length of the longest prefix of a segment file made of whole, checksum-valid records (up to
+    the first zero length header, the end of a preallocated segment's records)."""
     with open(path, "rb") as file:
         scanner = FrameScanner(file, 0)
         for _ in scanner.frames():
@@ -132,13 +147,19 @@ def _fsync_directory(directory: Path) -> None:
 
 
 class SegmentedLog:
-    """The writer side. Not thread-safe: the caller serializes append/sync (GroupCommitter does)."""
+    """The writer side. Not thread-safe: the caller serializes append/sync (GroupCommitter does).
 
-    def __init__(self, directory: Path, segment_bytes: int = 64 << 20) -> None:
+    `preallocate_bytes` (0: off) is how far past its last record the tail segment is kept zero-filled."""
+
+    def __init__(self, directory: Path, segment_bytes: int = 64 << 20,
+                 preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES) -> None:
         if segment_bytes <= HEADER_BYTES:
             raise ValueError(f"segment_bytes must exceed the {HEADER_BYTES}-byte record header")
+        if preallocate_bytes < 0:
+            raise ValueError("preallocate_bytes must not be negative")
         self.directory = directory
         self._segment_bytes = segment_bytes
+        self._preallocate_bytes = preallocate_bytes
         if not directory.is_dir():
             directory.mkdir(parents=True)
             _fsync_directory(directory.parent)  # else a crash could lose the whole new log
@@ -154,12 +175,13 @@ class SegmentedLog:
         self._closed = False
         try:
             base, size = self._recover()
-            self._segment_fd = os.open(segment_path(directory, base), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._segment_fd = os.open(segment_path(directory, base), os.O_WRONLY | os.O_CREAT, 0o644)
         except BaseException:
             os.close(self._directory_fd)
             raise
         self._segment_base = base
-        self._segment_size = size
+        self._segment_size = size  # bytes of records in the tail segment
+        self._allocated = size  # the tail segment's file size (recovery cut it to its records)
         if self._directory_dirty:
             self._sync_directory()
 
@@ -243,25 +265,61 @@ class SegmentedLog:
         if total == 0:
             return
         data = memoryview(b"".join(parts))
+        fd, start = self._segment_fd, self._segment_size
         written = 0
         try:
             while written < total:
-                written += os.write(self._segment_fd, data[written:])
+                written += os.pwrite(fd, data[written:], start + written)
         except OSError:
-            try:  # Cut a partial write back, so the file ends where our offsets say it does.
-                os.ftruncate(self._segment_fd, self._segment_size)
+            # Cut a partial write back (with the preallocated zeros: they are written again later),
+            # so the file holds nothing past where our offsets say the records end.
+            try:
+                os.ftruncate(fd, start)
+                self._allocated = start
             except OSError as truncate_error:
                 self._broken = f"a failed write could not be cut back: {truncate_error}"
             raise
-        self._segment_size += total
+        end = start + total
+        self._segment_size = end
+        if end > self._allocated:
+            self._allocated = end
+            self._preallocate()
+
+    def _preallocate(self) -> None:
+        """Zero-fill the tail segment past its records. The file grew anyway (the next fsync commits
+        its new size), so growing it further now costs nothing more, and saves that journal commit
+        on the fsyncs of the next few MiB of records."""
+        if self._preallocate_bytes == 0:
+            return
+        start, chunk = self._allocated, self._preallocate_bytes
+        target = max(start, min((start // chunk + 1) * chunk, self._segment_bytes))  # whole chunks
+        position = start
+        try:
+            while position < target:
+                position += os.pwrite(self._segment_fd, _ZEROS[:target - position], position)
+        except OSError:  # e.g. a full disk: records still fit as they come, so only log less ahead
+            position = self._segment_size
+            try:
+                os.ftruncate(self._segment_fd, position)
+            except OSError as truncate_error:
+                self._broken = f"a failed preallocation could not be cut back: {truncate_error}"
+        self._allocated = position
 
     def _roll(self) -> None:
         new_base = self.end_offset
-        new_fd = os.open(segment_path(self.directory, new_base), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if self._allocated > self._segment_size:
+            # A rolled segment ends exactly at its last record, as readers and recovery expect. If
+            # the cut fails, or a crash loses it, the zeros still read as the end of its records.
+            try:
+                os.ftruncate(self._segment_fd, self._segment_size)
+            except OSError:
+                pass
+        new_fd = os.open(segment_path(self.directory, new_base), os.O_WRONLY | os.O_CREAT, 0o644)
         self._rolled_unsynced.append(self._segment_fd)
         self._segment_fd = new_fd
         self._segment_base = new_base
         self._segment_size = 0
+        self._allocated = 0
         self._directory_dirty = True
 
     def _sync_directory(self) -> None:
@@ -281,21 +339,34 @@ class SegmentedLog:
         for index in range(len(bases) - 1):
             expected = bases[index + 1] - bases[index]
             if sizes[index] > expected:
-                raise LogCorruption(f"segment {bases[index]} in {self.directory} overlaps the next segment")
+                # Preallocated zeros whose cut at the roll did not reach the disk, or an overlap.
+                path = segment_path(self.directory, bases[index])
+                valid = valid_prefix_length(path)
+                if valid > expected:
+                    raise LogCorruption(f"segment {bases[index]} in {self.directory} overlaps the next segment")
+                if valid == expected:
+                    self._truncate(path, expected)
+                    continue
+                suspect = index  # torn before its end: the tail started here
+                break
             if sizes[index] < expected:
                 suspect = index
                 break
         base = bases[suspect]
         path = segment_path(self.directory, base)
         valid = valid_prefix_length(path)
-        if valid < sizes[suspect]:
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                os.ftruncate(fd, valid)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        if valid < sizes[suspect]:  # preallocated zeros, or a torn tail: both go
+            self._truncate(path, valid)
         for later_base in bases[suspect + 1:]:
             os.unlink(segment_path(self.directory, later_base))
             self._directory_dirty = True
         return base, valid
+
+    @staticmethod
+    def _truncate(path: Path, size: int) -> None:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -15,7 +15,9 @@ Contract (one `Runtime` per materialization key range per connection):
       3. Await Acknowledged: the driver's previous commit is done, so loads are read-committed.
       4. Flush; collect Loaded until Flushed.
       5. Reduce: documents of one key are combined in arrival order by the binding's reducer, then the loaded
-         document (if any) is reduced with that combination. Store each key once, exists = it was loaded;
+         document (if any) is reduced with that combination (fully, `reducer.full(loaded, combined)`, when the
+         reducer has `.full`, as SchemaReducer does; None from it deletes), then the binding's finalizer, if any,
+         derives the stored document (None: delete the key, or nothing if it was never stored). Store each key once, exists = it was loaded;
          a reduced document marked deleted (`{"_meta": {"op": "d"}}`, Flow's convention) is a Store with
          delete=True, or nothing if the key was not stored. Delta-updates bindings store this transaction's
          combination only (never loaded).
@@ -87,6 +89,9 @@ from headrace.materialize.transport import FrameSocket
 
 SEND_BATCH = 2048  # messages per send: bounds memory of encoded frames while keeping syscalls few
 Document = dict[str, Any]
+# After full reduction, per binding: derives the stored document from the reduced one; None deletes the key.
+Finalizer = Callable[[Document], Document | None]
+FullReducer = Callable[[Document | None, Document], Document | None]
 
 
 @contextmanager
@@ -157,15 +162,22 @@ class Runtime:
 
     def __init__(self, driver: DriverConnection, spec: MaterializationSpec, key_begin: int = 0,
                  key_end: int = 0xFFFFFFFF, reducers: Sequence[Reducer] | None = None,
-                 recovery_log: RecoveryLog | None = None) -> None:
+                 recovery_log: RecoveryLog | None = None,
+                 finalizers: Sequence[Finalizer | None] | None = None) -> None:
         if reducers is not None and len(reducers) != len(spec.bindings):
             raise ValueError(f"{len(reducers)} reducers given for {len(spec.bindings)} bindings")
+        if finalizers is not None and len(finalizers) != len(spec.bindings):
+            raise ValueError(f"{len(finalizers)} finalizers given for {len(spec.bindings)} bindings")
         self._driver = driver
         self.spec = spec
         self.key_begin = key_begin
         self.key_end = key_end
         # Each binding's reducer comes from its collection's reduction annotations; lastWriteWins by default.
         self._reducers: tuple[Reducer, ...] = tuple(reducers or [combine_lww] * len(spec.bindings))
+        # A reducer with .full (SchemaReducer) reduces the combination into the loaded document fully (deletions,
+        # set removals take effect); others reduce it as a partial.
+        self._full_reducers: tuple[FullReducer | None, ...] = tuple(getattr(r, "full", None) for r in self._reducers)
+        self._finalizers: tuple[Finalizer | None, ...] = tuple(finalizers or [None] * len(spec.bindings))
         self._delta = [b.delta_updates for b in spec.bindings]
         self.recovery_log = recovery_log
         self._lifecycle = TransactionLifecycle()
@@ -313,10 +325,22 @@ class Runtime:
     def _send_stores(self, txn: _Transaction) -> None:
         bindings = self.spec.bindings
         batch: list[Request] = []
+        full_reducers, finalizers = self._full_reducers, self._finalizers
         for identity, (binding, key, doc) in txn.combined.items():
             loaded = txn.loaded.get(identity)
-            if loaded is not None:
+            full = full_reducers[binding]
+            if full is not None:
+                doc = full(loaded, doc)
+            elif loaded is not None:
                 doc = self._reducers[binding](loaded, doc)
+            finalize = finalizers[binding]
+            if finalize is not None and doc is not None:
+                doc = finalize(doc)
+            if doc is None:  # fully reduced or finalized away: the key is deleted
+                if loaded is not None:
+                    batch.append(Store(binding, key, [None] * len(bindings[binding].values), {}, exists=True,
+                                       delete=True))
+                continue
             values = [doc.get(name) for name in bindings[binding].values]
             if "_meta" in doc and is_deletion(doc):
                 if loaded is None and not self._delta[binding]:

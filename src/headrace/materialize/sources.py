@@ -1,12 +1,18 @@
-"""How a webhook source is materialized into the serving store: its binding (table, key, columns).
+"""How a webhook source is materialized into the serving store: its binding (table, key, columns), and
+how a materialized view reading it sees it (`source_relation`).
 
 Shared by the coordinator (which applies it when the source is created) and the pipeline (whose
 runtime opens the materialization with it), so both agree on one definition."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from headrace.catalog.items import WebhookSource
 from headrace.materialize.protocol import Binding, MaterializationSpec
+
+if TYPE_CHECKING:
+    from headrace.sql.views import InputRelation
 
 SOURCE_COLUMN_TYPES = {
     "idempotency_key": "VARCHAR",
@@ -44,3 +50,20 @@ def _value_types(source: WebhookSource) -> dict[str, str]:
 
 def source_materialization(source: WebhookSource) -> MaterializationSpec:
     return MaterializationSpec(name=source.materialization, bindings=(source_binding(source),))
+
+
+# DuckDB type of a source column -> its PostgreSQL type, for the view compiler.
+_PG_TYPES = {"JSON": "jsonb", "VARCHAR": "text", "TIMESTAMPTZ": "timestamptz", "BIGINT": "int8",
+             "INTEGER": "int4", "DOUBLE": "float8", "BOOLEAN": "bool", "BLOB": "bytea"}
+
+
+def source_relation(source: WebhookSource) -> InputRelation:
+    """The source as a view's input: its columns with PostgreSQL types, keyed by log offset; append-only
+    without IDEMPOTENT (no row is ever replaced). Used by the coordinator (CREATE) and the pipeline (which
+    compiles the same plans from the same statements)."""
+    from headrace.sql.views import InputRelation
+
+    types = source_binding(source).column_types
+    columns = {name: _PG_TYPES.get(types[name].upper(), types[name].lower()) for name in source.column_names()}
+    return InputRelation(kind="source", item_id=source.id, name=source.name, columns=columns, key=("log_offset",),
+                         append_only=source.idempotent_expr is None)

@@ -72,24 +72,24 @@ async def write_copy_out(out: bytearray, response: CopyTo, cancel: asyncio.Event
         while True:
             if cancel.is_set():
                 raise QueryCanceled("canceling statement due to user request")
-            next_payload = asyncio.ensure_future(iterator.__anext__())
-            if not next_payload.done():
+            next_batch = asyncio.ensure_future(iterator.__anext__())
+            if not next_batch.done():
                 if flush is not None and out:
                     await flush()  # the client sees what is ready while the stream waits
                 cancelled = asyncio.ensure_future(cancel.wait())
                 try:
-                    await asyncio.wait({next_payload, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait({next_batch, cancelled}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     cancelled.cancel()
-                if not next_payload.done():
-                    next_payload.cancel()
+                if not next_batch.done():
+                    next_batch.cancel()
                     raise QueryCanceled("canceling statement due to user request")
             try:
-                payload = next_payload.result()
+                payloads = next_batch.result()
             except StopAsyncIteration:
                 break
-            if payload:
-                out += copy_data(payload)
+            pack = _INT32.pack
+            out += b"".join(b"d" + pack(len(payload) + 4) + payload for payload in payloads if payload)
             if flush is not None and len(out) >= FLUSH_THRESHOLD:
                 await flush()
     finally:

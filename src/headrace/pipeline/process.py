@@ -22,11 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from headrace.catalog.items import WebhookSource
+from headrace.catalog.views import MaterializedView
+from headrace.materialize.protocol import MaterializationSpec
+from headrace.materialize.reduce import combine_lww, reducer_for_schema
 from headrace.materialize.runtime import Runtime, RpcDriverConnection
-from headrace.materialize.sources import source_materialization
+from headrace.materialize.sources import source_binding
 from headrace.materialize.transport import FrameSocket
 from headrace.pipeline.batches import SourceBatches
 from headrace.pipeline.log_source import HeadraceLogSource
+from headrace.pipeline.view_changes import SourceView, backfill_documents, compile_source_views
 from headrace.sql.ddl import item_from_create_sql
 
 log = logging.getLogger("headrace.pipeline")
@@ -38,9 +42,30 @@ EPOCH_FILE = "headrace-epoch"
 @dataclass
 class RunningSource:
     source: WebhookSource
+    views: list[MaterializedView]  # maintained in the source's transactions
     query: Any  # pyspark StreamingQuery
     runtime: Runtime
     started_at: float
+
+    @property
+    def definition(self) -> tuple[Any, ...]:
+        return _definition(self.source, self.views)
+
+
+def _definition(source: WebhookSource, views: list[MaterializedView]) -> tuple[Any, ...]:
+    """What a source's query is started from: a change restarts the query with the new spec."""
+    return (source.create_sql, tuple((view.id, view.create_sql) for view in views))
+
+
+def views_by_source(sources: list[WebhookSource], views: list[MaterializedView]) -> dict[str, list[MaterializedView]]:
+    """Each source's views, in dependency order (views over views are refused at CREATE)."""
+    by_name = {(source.schema, source.name): source.id for source in sources}
+    grouped: dict[str, list[MaterializedView]] = {source.id: [] for source in sources}
+    for view in views:
+        source_id = by_name.get((view.input_schema, view.input_name))
+        if source_id is not None:
+            grouped[source_id].append(view)
+    return grouped
 
 
 def build_spark(master: str, data_dir: Path) -> Any:
@@ -74,40 +99,83 @@ class Pipeline:
         self.driver_address = driver_address
         self.running: dict[str, RunningSource] = {}
         self.failures: dict[str, int] = {}
+        self.unstarted: dict[str, tuple[WebhookSource, list[MaterializedView]]] = {}  # start failed: retried
 
-    def reconcile(self, sources: list[WebhookSource]) -> None:
+    def reconcile(self, sources: list[WebhookSource], views: list[MaterializedView] | None = None) -> None:
         desired = {source.id: source for source in sources}
+        desired_views = views_by_source(sources, views or [])
         for source_id in list(self.running):
-            if source_id not in desired or desired[source_id].create_sql != self.running[source_id].source.create_sql:
+            if source_id not in desired or \
+                    _definition(desired[source_id], desired_views[source_id]) != self.running[source_id].definition:
                 self.stop_source(source_id)
+        self.unstarted = {}
         for source_id, source in desired.items():
             if source_id not in self.running:
-                self.start_source(source)
+                self._try_start(source, desired_views[source_id])
 
-    def start_source(self, source: WebhookSource) -> None:
+    def _try_start(self, source: WebhookSource, views: list[MaterializedView]) -> None:
+        """Start a source's query; a failure (driver unreachable, backfill error) is retried later."""
+        try:
+            self.start_source(source, views)
+        except Exception:  # noqa: BLE001 - one source must not stop the others
+            log.exception("starting %s failed; retrying", source.materialization)
+            self.unstarted[source.id] = (source, views)
+
+    def start_source(self, source: WebhookSource, views: list[MaterializedView] | None = None) -> None:
+        views = list(views or [])
         checkpoint_dir = self.data_dir / "pipeline" / "checkpoints" / source.materialization
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        log_dir = self.data_dir / "logs" / source.id
         epoch = _checkpoint_epoch(checkpoint_dir)
-        runtime = Runtime(RpcDriverConnection(*self.driver_address), source_materialization(source))
-        stored = runtime.open() or {}
-        committed_batch_id, start_offset = -1, 0
-        if stored.get("epoch") == epoch:
-            committed_batch_id = int(stored["batch_id"])
-        elif stored:
-            # A new Spark checkpoint: resume from what the store says it holds, not from zero.
-            start_offset = int(stored.get("log_end", 0))
-        batches = SourceBatches(source, runtime, epoch, committed_batch_id)
-        frame = (self.spark.readStream.format("headrace_log")
-                 .option("path", str(self.data_dir / "logs" / source.id))
-                 .option("startOffset", str(start_offset)).load())
-        query = (frame.writeStream.foreachBatch(batches)
-                 .option("checkpointLocation", str(checkpoint_dir))
-                 .queryName(source.materialization)
-                 .trigger(processingTime=TRIGGER_INTERVAL)
-                 .start())
-        self.running[source.id] = RunningSource(source, query, runtime, time.monotonic())
-        log.warning("started %s (%s) from epoch %s, committed batch %d", source.name, source.materialization,
-                    epoch, committed_batch_id)
+        source_views, failed = compile_source_views(source, views)
+        for view, error in failed:
+            log.error("materialized view %s cannot be maintained: %s", view.name, error)
+        spec = MaterializationSpec(name=source.materialization,
+                                   bindings=(source_binding(source), *(v.binding for v in source_views)))
+        runtime = Runtime(RpcDriverConnection(*self.driver_address), spec,
+                          reducers=[combine_lww, *(reducer_for_schema(v.plan.reduce_schema) for v in source_views)],
+                          finalizers=[None, *(v.plan.finalize for v in source_views)])
+        try:
+            stored = runtime.open() or {}
+            committed_batch_id, start_offset = -1, 0
+            if stored.get("epoch") == epoch:
+                committed_batch_id = int(stored["batch_id"])
+            elif stored:
+                # A new Spark checkpoint: resume from what the store says it holds, not from zero.
+                start_offset = int(stored.get("log_end", 0))
+            if stored:
+                self._backfill(source, runtime, stored, source_views, log_dir)
+            batches = SourceBatches(source, runtime, epoch, committed_batch_id, source_views, log_dir)
+            frame = (self.spark.readStream.format("headrace_log")
+                     .option("path", str(log_dir))
+                     .option("startOffset", str(start_offset)).load())
+            query = (frame.writeStream.foreachBatch(batches)
+                     .option("checkpointLocation", str(checkpoint_dir))
+                     .queryName(source.materialization)
+                     .trigger(processingTime=TRIGGER_INTERVAL)
+                     .start())
+        except BaseException:
+            runtime.close()
+            raise
+        self.running[source.id] = RunningSource(source, views, query, runtime, time.monotonic())
+        log.warning("started %s (%s) with %d views from epoch %s, committed batch %d", source.name,
+                    source.materialization, len(source_views), epoch, committed_batch_id)
+
+    def _backfill(self, source: WebhookSource, runtime: Runtime, stored: dict[str, Any],
+                  views: list[SourceView], log_dir: Path) -> None:
+        """Views the stored checkpoint does not include start from the source's rows so far, in one transaction
+        that also records them as included (pipeline/view_changes.py)."""
+        included = set(stored.get("views") or ())
+        missing = [view for view in views if view.view.id not in included]
+        if not missing:
+            return
+        started = time.monotonic()
+        end = int(stored.get("log_end", 0))
+        documents = backfill_documents(self.spark, source, log_dir, end, missing)
+        runtime.transact(documents, {**stored, "views": [view.view.id for view in views]})
+        log.warning("backfilled %s over %s up to offset %d: %d documents in %.1f s",
+                    ", ".join(view.view.name for view in missing), source.name, end, len(documents),
+                    time.monotonic() - started)
 
     def stop_source(self, source_id: str) -> None:
         running = self.running.pop(source_id)
@@ -119,6 +187,11 @@ class Pipeline:
 
     def restart_failed(self) -> None:
         """A failed query (driver error, fenced off, I/O) restarts with backoff from its checkpoint."""
+        for source_id, (source, views) in list(self.unstarted.items()):
+            failures = self.failures[source_id] = self.failures.get(source_id, 0) + 1
+            time.sleep(min(10.0, 0.5 * 2 ** min(failures, 5)))
+            del self.unstarted[source_id]
+            self._try_start(source, views)
         for source_id, running in list(self.running.items()):
             if running.query.isActive:
                 continue
@@ -132,7 +205,7 @@ class Pipeline:
             except Exception:  # noqa: BLE001
                 pass
             time.sleep(min(10.0, 0.5 * 2 ** min(failures, 5)))
-            self.start_source(running.source)
+            self._try_start(running.source, running.views)
 
     def stop(self) -> None:
         for source_id in list(self.running):
@@ -195,7 +268,8 @@ def main(argv: list[str] | None = None) -> None:
                 break
             if message.get("type") == "sources":
                 sources = [item_from_create_sql(item["id"], item["create_sql"]) for item in message["sources"]]
-                pipeline.reconcile(sources)
+                views = [MaterializedView.from_entry(entry) for entry in message.get("views", [])]
+                pipeline.reconcile(sources, views)
                 control.send({"type": "reconciled", "generation": message.get("generation")})
     finally:
         pipeline.stop()

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from headrace.catalog.items import WebhookSource
+from headrace.catalog.views import MaterializedView
 from headrace.materialize.transport import read_frame, write_frame
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ class PipelineSupervisor:
         self.spark_master = spark_master
         self.driver_address = driver_address
         self._sources: list[WebhookSource] = []
+        self._views: list[MaterializedView] = []  # maintained in their input source's transactions
         self._generation = 0
         self._writer: asyncio.StreamWriter | None = None
         self._process: asyncio.subprocess.Process | None = None
@@ -34,13 +36,19 @@ class PipelineSupervisor:
         self._stopping = False
         self.ready = asyncio.Event()  # the pipeline process has a SparkSession
 
-    async def start(self, sources: list[WebhookSource]) -> None:
+    async def start(self, sources: list[WebhookSource], views: list[MaterializedView] | None = None) -> None:
         self._sources = list(sources)
+        self._views = list(views or [])
         self._server = await asyncio.start_server(self._on_control_connection, "127.0.0.1", 0)
         self._watch_task = asyncio.create_task(self._run_forever())
 
     def update(self, sources: list[WebhookSource]) -> None:
         self._sources = list(sources)
+        self._push()
+
+    def update_views(self, views: list[MaterializedView]) -> None:
+        """The materialized views (in dependency order) changed: the pipeline restarts the affected sources."""
+        self._views = list(views)
         self._push()
 
     @property
@@ -120,4 +128,5 @@ class PipelineSupervisor:
             "type": "sources",
             "generation": self._generation,
             "sources": [{"id": source.id, "create_sql": source.create_sql} for source in self._sources],
+            "views": [view.to_entry() for view in self._views],
         })

@@ -49,7 +49,10 @@ class HeadraceParser(WebhookGrammar):  # WebhookGrammar extends Postgres.Parser 
         if self._match_text_seq("SOURCE"):
             if_exists = self._match_text_seq("IF", "EXISTS")
             names = self._parse_csv(self._parse_table_parts)
-            return DropObject(kind="source", expressions=names, if_exists=bool(if_exists))
+            cascade = bool(self._match_text_seq("CASCADE"))  # drops the materialized views reading it
+            if not cascade:
+                self._match_text_seq("RESTRICT")
+            return DropObject(kind="source", expressions=names, if_exists=bool(if_exists), cascade=cascade)
         if self._match_texts(("ROLE", "USER")):
             return parse_drop_role(self)
         if self._match_text_seq("SECRET"):

@@ -41,7 +41,8 @@ CHANGELOG_COLUMNS = ("hr_timestamp", "hr_diff")  # reserved: a binding may not u
 DEFAULT_RETENTION_MS = 10 * 60 * 1000
 
 # The DuckDB column types a binding may use; anything else is refused rather than spliced into DDL.
-SUPPORTED_TYPES = frozenset({"VARCHAR", "JSON", "TIMESTAMPTZ", "BIGINT", "INTEGER", "DOUBLE", "BOOLEAN"})
+SUPPORTED_TYPES = frozenset({"VARCHAR", "JSON", "TIMESTAMPTZ", "BIGINT", "INTEGER", "DOUBLE", "BOOLEAN",
+                             "BLOB"})
 # information_schema.columns.data_type spelling of each supported type
 _CATALOG_TYPE_NAMES = {"TIMESTAMP WITH TIME ZONE": "TIMESTAMPTZ"}
 

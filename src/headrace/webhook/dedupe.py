@@ -10,6 +10,16 @@ The index is derived state: the log is the truth. It is updated only after the r
 are durable in the log, and it records, in the same SQLite transaction, the log offset it covers.
 At start-up `catch_up` replays the log from that offset (applying a record twice is harmless), so
 `synchronous=NORMAL` is enough: a lost SQLite transaction is rebuilt from the log.
+
+Write-behind (what the ingest path uses). A SQLite transaction of random 16-byte keys dirties about
+one page per key, and writing those pages to the WAL costs several times the log's own fsync. So
+`record` only puts the entries in an in-memory overlay and queues them; a flusher thread commits
+everything queued in one transaction (a group commit of its own) and then drops the entries from
+the overlay. `lookup` reads the overlay first, then SQLite through a second connection (WAL
+readers do not wait for the writer), so a recorded key is always visible: an entry leaves the
+overlay only after its transaction committed. The overlay is bounded: `record` waits while more
+than `max_behind` entries are queued. A crash loses at most the queued entries, which `catch_up`
+replays from the log, as for any lost transaction.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from headrace.webhook.record import decode_fields
 INDEX_FILE = "dedupe.sqlite3"
 _LOOKUP_CHUNK = 500  # below SQLite's bound-parameter limit
 _CATCH_UP_CHUNK = 10_000
+_MAX_BEHIND = 50_000  # entries queued for the flusher before `record` waits (bounds the overlay's memory)
 
 
 def key_hash(key: str) -> bytes:
@@ -45,9 +56,11 @@ class KeyEntry:
 
 
 class DedupeIndex:
-    """Thread-safe (one lock): the group-commit thread and the evictor share it."""
+    """Thread-safe: the group-commit thread, the flusher and the evictor share it. `_lock` guards the
+    writing connection, `_read_lock` the reading one, `_queue_changed` the overlay and the queue."""
 
-    def __init__(self, path: Path, cache_bytes: int = 32 << 20) -> None:
+    def __init__(self, path: Path, cache_bytes: int = 32 << 20, *, write_behind: bool = False,
+                 max_behind: int = _MAX_BEHIND) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -55,12 +68,27 @@ class DedupeIndex:
         self._db.execute("PRAGMA synchronous=NORMAL")  # derived state: rebuilt from the log if lost
         self._db.execute(f"PRAGMA cache_size=-{max(1, cache_bytes >> 10)}")
         self._db.execute("PRAGMA temp_store=MEMORY")
+        self._write_behind = write_behind
+        self._max_behind = max_behind
+        self._queue_changed = threading.Condition()
+        self._overlay: dict[bytes, KeyEntry] = {}  # recorded, not yet committed (write-behind)
+        self._queue: list[tuple[Sequence[tuple[bytes, KeyEntry]], int]] = []
+        self._queued_entries = 0
+        self._flushing = False
+        self._flush_error: BaseException | None = None
+        self._flusher: threading.Thread | None = None
+        self._closed = False
         self._db.execute("CREATE TABLE IF NOT EXISTS keys (key_hash BLOB PRIMARY KEY, received_at_us INTEGER NOT NULL,"
                          " body_hash BLOB NOT NULL, log_offset INTEGER NOT NULL) WITHOUT ROWID")
         self._db.execute("CREATE INDEX IF NOT EXISTS keys_by_arrival ON keys (received_at_us)")
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
         row = self._db.execute("SELECT value FROM meta WHERE name = 'covered_offset'").fetchone()
         self._covered_offset = int(row[0]) if row else 0
+        self._read_lock = threading.Lock()
+        self._reader = self._db
+        if write_behind:
+            self._reader = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._reader.execute(f"PRAGMA cache_size=-{max(1, cache_bytes >> 10)}")
 
     @property
     def covered_offset(self) -> int:
@@ -69,19 +97,91 @@ class DedupeIndex:
 
     def lookup(self, hashes: Collection[bytes]) -> dict[bytes, KeyEntry]:
         found: dict[bytes, KeyEntry] = {}
+        if self._write_behind:
+            missing: list[bytes] = []
+            with self._queue_changed:
+                overlay = self._overlay
+                for key in hashes:
+                    entry = overlay.get(key)
+                    if entry is not None:
+                        found[key] = entry
+                    else:
+                        missing.append(key)
+            # Read after the overlay: an entry leaves it only once committed, so it is seen here.
+            hashes = missing
         unique = list(dict.fromkeys(hashes))
-        with self._lock:
+        if not unique:
+            return found
+        lock = self._read_lock if self._write_behind else self._lock
+        with lock:
             for start in range(0, len(unique), _LOOKUP_CHUNK):
                 chunk = unique[start:start + _LOOKUP_CHUNK]
                 marks = ",".join("?" * len(chunk))
-                for key, received_at_us, body, offset in self._db.execute(
+                for key, received_at_us, body, offset in self._reader.execute(
                         f"SELECT key_hash, received_at_us, body_hash, log_offset FROM keys WHERE key_hash IN ({marks})",
                         chunk):
                     found[key] = KeyEntry(received_at_us, body, offset)
         return found
 
     def record(self, entries: Sequence[tuple[bytes, KeyEntry]], covered_offset: int) -> None:
-        """Upsert entries (later ones win) and advance the covered offset, in one transaction."""
+        """Upsert entries (later ones win) and advance the covered offset, in one transaction (with
+        write-behind: visible to `lookup` at once, committed soon by the flusher)."""
+        if not self._write_behind:
+            self._commit(entries, covered_offset)
+            return
+        with self._queue_changed:
+            if self._flush_error is not None:
+                raise OSError(f"the idempotency index could not be written: {self._flush_error!r}")
+            if self._closed:
+                raise OSError("the idempotency index is closed")
+            while self._queued_entries > self._max_behind and self._flush_error is None:
+                self._queue_changed.wait()  # the flusher is behind: bound the overlay
+            overlay = self._overlay
+            for key, entry in entries:
+                overlay[key] = entry
+            self._queue.append((entries, covered_offset))
+            self._queued_entries += len(entries)
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_forever, name="dedupe-flush", daemon=True)
+                self._flusher.start()
+            self._queue_changed.notify_all()
+
+    def flush(self) -> None:
+        """Wait until everything recorded is committed (raises if the flusher failed)."""
+        with self._queue_changed:
+            while (self._queue or self._flushing) and self._flush_error is None:
+                self._queue_changed.wait()
+            if self._flush_error is not None:
+                raise OSError(f"the idempotency index could not be written: {self._flush_error!r}")
+
+    def _flush_forever(self) -> None:
+        while True:
+            with self._queue_changed:
+                while not self._queue and not self._closed:
+                    self._queue_changed.wait()
+                if not self._queue:
+                    return
+                taken, self._queue, self._queued_entries = self._queue, [], 0
+                self._flushing = True
+                self._queue_changed.notify_all()
+            entries = [entry for batch, _ in taken for entry in batch]
+            try:
+                self._commit(entries, taken[-1][1])
+            except BaseException as error:  # noqa: BLE001 - reported to the next record(); the log stays the truth
+                with self._queue_changed:
+                    self._flush_error = error
+                    self._flushing = False
+                    self._queue_changed.notify_all()
+                return
+            with self._queue_changed:
+                overlay = self._overlay
+                for key, entry in entries:
+                    if overlay.get(key) is entry:  # not superseded by a later record since
+                        del overlay[key]
+                self._flushing = False
+                self._queue_changed.notify_all()
+
+    def _commit(self, entries: Sequence[tuple[bytes, KeyEntry]], covered_offset: int) -> None:
         rows = [(key, entry.received_at_us, entry.body_hash, entry.log_offset) for key, entry in entries]
         with self._lock:
             self._db.execute("BEGIN")
@@ -96,6 +196,7 @@ class DedupeIndex:
 
     def evict(self, older_than_us: int, limit: int = 5_000) -> int:
         """Forget up to `limit` keys that arrived before `older_than_us`; returns how many."""
+        self.flush()
         with self._lock:
             cursor = self._db.execute(
                 "DELETE FROM keys WHERE key_hash IN "
@@ -105,6 +206,7 @@ class DedupeIndex:
 
     def reset(self) -> None:
         """Forget everything (the log must then be replayed from its start)."""
+        self.flush()
         with self._lock:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM keys")
@@ -113,10 +215,20 @@ class DedupeIndex:
             self._covered_offset = 0
 
     def count(self) -> int:
+        self.flush()
         with self._lock:
             return int(self._db.execute("SELECT count(*) FROM keys").fetchone()[0])
 
     def close(self) -> None:
+        """Commit what is queued (best effort: the log replays anything lost), then close."""
+        with self._queue_changed:
+            self._closed = True
+            self._queue_changed.notify_all()
+        if self._flusher is not None:
+            self._flusher.join()
+        with self._read_lock:
+            if self._reader is not self._db:
+                self._reader.close()
         with self._lock:
             self._db.close()
 

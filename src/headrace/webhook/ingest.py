@@ -127,7 +127,8 @@ class SourceIngestor:
         self._index: DedupeIndex | None = None
         try:
             if source.idempotent_expr is not None:
-                self._index = DedupeIndex(log_dir / INDEX_FILE, cache_bytes=self.settings.dedupe_cache_mb << 20)
+                self._index = DedupeIndex(log_dir / INDEX_FILE, cache_bytes=self.settings.dedupe_cache_mb << 20,
+                                          write_behind=True)
                 replayed = catch_up(self._index, log_dir, self._log.end_offset)
                 if replayed:
                     log.info("%s: idempotency index caught up over %d log records", source.name, replayed)

@@ -73,6 +73,7 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
     "INTEGER": pa.int32(),
     "DOUBLE": pa.float64(),
     "BOOLEAN": pa.bool_(),
+    "BLOB": pa.binary(),  # bytes (BODY FORMAT BYTES, INCLUDE HEADER ... BYTES)
 }
 _STAGED = "headrace_staged_rows"  # names of Arrow tables registered on this transactor's own cursor
 _KEYS = "headrace_staged_keys"
@@ -188,7 +189,8 @@ def _arrow_array(column: _Column, values: list[Any]) -> pa.Array:
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
 _EXPECTED = {"VARCHAR": "expected a string", "JSON": "expected any JSON value",
              "TIMESTAMPTZ": "expected integer microseconds since the epoch (UTC)", "BIGINT": "expected an integer",
-             "INTEGER": "expected a 32-bit integer", "DOUBLE": "expected a number", "BOOLEAN": "expected a boolean"}
+             "INTEGER": "expected a 32-bit integer", "DOUBLE": "expected a number", "BOOLEAN": "expected a boolean",
+             "BLOB": "expected bytes"}
 
 
 def _convert(column: _Column, values: list[Any]) -> pa.Array:

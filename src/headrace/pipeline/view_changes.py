@@ -1,0 +1,187 @@
+"""Materialized views over a webhook source, maintained in the source's own transactions.
+
+A view over a source is one more binding of the SOURCE's materialization: each micro-batch is one
+transaction holding the source's rows and every view's partial documents, so they commit together
+(and a replayed batch is skipped for all of them at once). Per batch:
+
+  1. the batch's log records, plus the old versions of the rows they replace (read from the log at each
+     record's `prev_offset`), become the source's change stream (`source_changes`: +1 per record, -1 per
+     replaced row, the -1 ordered just before its replacement);
+  2. per view, Spark computes one partial document per key from the changes (`view_documents`);
+  3. the runtime reduces each with the stored document by the view's reduce schema (SchemaReducer.full)
+     and calls the plan's `finalize` (which deletes a group when no input row is left in it).
+
+Backfill: a view created while its source already holds rows starts from a full computation over the
+source's rows. The runtime checkpoint lists the views whose state it includes (`views`); when the source's
+query starts with a view missing from that list, one transaction first computes the view's partial
+documents from the log up to the checkpoint's `log_end` (the live rows: every record not replaced by a
+later one) and commits them with the checkpoint now listing the view. The stream then goes on from
+`log_end`, so every row counts exactly once; a crash before that commit simply backfills again.
+
+Columns follow the change-stream contract of pipeline/views.py: the source's columns (body as JSON text,
+or text / bytes by BODY FORMAT; headers as JSON text; received_at as integer microseconds), log_offset, and
+hr_diff / hr_seq / hr_row / hr_at added by `source_changes`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from headrace.catalog.items import WebhookSource
+from headrace.catalog.views import MaterializedView
+from headrace.log.reader import read_records
+from headrace.materialize.protocol import Binding
+from headrace.materialize.sources import source_relation
+from headrace.sql.parser import parse_statement
+from headrace.sql.view_serving import view_binding
+from headrace.sql.views import InputRelation, ViewPlan, compile_view
+from headrace.webhook.record import decode_fields
+from headrace.webhook.rows import row_builder
+
+BACKFILL_CHUNK_ROWS = 200_000  # live rows per Spark job while backfilling (bounds driver memory)
+Document = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SourceView:
+    """A view maintained as binding `index` of its source's materialization."""
+
+    view: MaterializedView
+    plan: ViewPlan
+    index: int
+
+    @property
+    def binding(self) -> Binding:
+        return view_binding(self.plan, self.view.id)
+
+
+def compile_source_views(source: WebhookSource, views: Sequence[MaterializedView],
+                         first_index: int = 1) -> tuple[list[SourceView], list[tuple[MaterializedView, Exception]]]:
+    """Plans of the views reading `source`, compiled as the coordinator compiled them (same statement, same
+    input columns). Returns the views and those that failed to compile (logged by the caller, not maintained)."""
+    relation = source_relation(source)
+
+    def lookup(schema: str, name: str) -> InputRelation | None:
+        return relation if (schema, name) == (source.schema, source.name) else None
+
+    compiled: list[SourceView] = []
+    failed: list[tuple[MaterializedView, Exception]] = []
+    for view in views:
+        try:
+            statement = parse_statement(view.create_sql)
+            plan = compile_view(statement, lookup)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - one broken view must not stop its source
+            failed.append((view, exc))
+            continue
+        compiled.append(SourceView(view, plan, first_index + len(compiled)))
+    return compiled, failed
+
+
+# ---------------------------------------------------------------------------------------------- rows
+
+def input_table(source: WebhookSource, log_rows: pa.Table) -> pa.Table:
+    """Log rows (log_offset, received_at, idempotency_key, headers, body) -> the source's columns as a
+    view reads them, plus log_offset."""
+    columns: dict[str, pa.Array | pa.ChunkedArray] = {"log_offset": log_rows["log_offset"].cast(pa.int64())}
+    body = log_rows["body"].cast(pa.binary())
+    columns["body"] = body if source.body_format == "bytes" else body.cast(pa.string())
+    if source.include_headers or source.header_columns:
+        # The row builder decides which headers a row keeps, exactly as the source's own table does.
+        build = row_builder(source)
+        rows = [build(0, None, orjson.loads(h) if h is not None else None, b)
+                for h, b in zip(log_rows["headers"].to_pylist(), log_rows["body"].to_pylist())]
+        if source.include_headers:
+            columns["headers"] = pa.array([orjson.dumps(r["headers"]).decode() for r in rows], pa.string())
+        for header in source.header_columns:
+            columns[header.column] = pa.array([r[header.column] for r in rows],
+                                              pa.binary() if header.as_bytes else pa.string())
+    columns["received_at"] = log_rows["received_at"].cast(pa.int64())
+    if source.idempotent_expr is not None:
+        columns["idempotency_key"] = log_rows["idempotency_key"].cast(pa.string())
+    return pa.table(columns)
+
+
+_LOG_SCHEMA = pa.schema([("log_offset", pa.int64()), ("received_at", pa.int64()), ("idempotency_key", pa.string()),
+                         ("headers", pa.string()), ("body", pa.binary())])
+
+
+def read_replaced(log_dir: Path, prev_offsets: Sequence[int], replaced_by: Sequence[int]) -> pa.Table:
+    """The old rows a batch replaces, read from the log at their offsets, with the replacing record's offset
+    in `replaced_by`."""
+    rows: dict[str, list[Any]] = {name: [] for name in _LOG_SCHEMA.names}
+    for offset in prev_offsets:
+        found = next(read_records(log_dir, offset, offset + 1), None)
+        if found is None or found[0] != offset:
+            raise LookupError(f"no record at offset {offset} in the log {log_dir}")
+        received_at_us, key, headers, body, _ = decode_fields(found[1])
+        for name, value in zip(_LOG_SCHEMA.names, (offset, received_at_us, key, headers, body)):
+            rows[name].append(value)
+    table = pa.table(rows, schema=_LOG_SCHEMA)
+    return table.append_column("replaced_by", pa.array(list(replaced_by), pa.int64()))
+
+
+def changes_frame(spark: Any, source: WebhookSource, batch: pa.Table, replaced: pa.Table | None) -> Any:
+    """The batch (and the rows it replaces) as a Spark DataFrame of changes."""
+    from headrace.pipeline.views import source_changes
+
+    inserted = spark.createDataFrame(input_table(source, batch))
+    retracted = None
+    if replaced is not None and replaced.num_rows:
+        old = input_table(source, replaced).append_column("replaced_by", replaced["replaced_by"])
+        retracted = spark.createDataFrame(old)
+    return source_changes(inserted, retracted)
+
+
+def view_documents_of(views: Sequence[SourceView], changes: Any) -> Iterator[tuple[int, list[Any], Document]]:
+    """Every view's partial documents for one transaction's changes, as (binding, key, doc)."""
+    from headrace.pipeline.views import view_documents
+
+    if len(views) > 1:
+        changes = changes.cache()  # one evaluation of the local data for every view
+    try:
+        for view in views:
+            for key, doc in view_documents(view.plan, changes):
+                yield view.index, key, doc
+    finally:
+        if len(views) > 1:
+            changes.unpersist()
+
+
+# ---------------------------------------------------------------------------------------------- backfill
+
+def backfill_documents(spark: Any, source: WebhookSource, log_dir: Path, end: int,
+                       views: Sequence[SourceView]) -> list[tuple[int, list[Any], Document]]:
+    """Partial documents of `views` over the source's live rows in the log before `end` (see module docstring).
+    Chunks are separate Spark jobs; the runtime combines their documents per key (partials reduce)."""
+    if end <= 0 or not views:
+        return []
+    replaced: set[int] = set()
+    for _, payload in read_records(log_dir, 0, end):  # pass 1: which rows were replaced later
+        prev = decode_fields(payload)[4]
+        if prev is not None:
+            replaced.add(prev)
+    documents: list[tuple[int, list[Any], Document]] = []
+    chunk: dict[str, list[Any]] = {name: [] for name in _LOG_SCHEMA.names}
+    for offset, payload in read_records(log_dir, 0, end):  # pass 2: the live rows, as +1 changes
+        if offset in replaced:
+            continue
+        received_at_us, key, headers, body, _ = decode_fields(payload)
+        for name, value in zip(_LOG_SCHEMA.names, (offset, received_at_us, key, headers, body)):
+            chunk[name].append(value)
+        if len(chunk["log_offset"]) >= BACKFILL_CHUNK_ROWS:
+            documents.extend(_chunk_documents(spark, source, chunk, views))
+            chunk = {name: [] for name in _LOG_SCHEMA.names}
+    if chunk["log_offset"]:
+        documents.extend(_chunk_documents(spark, source, chunk, views))
+    return documents
+
+
+def _chunk_documents(spark: Any, source: WebhookSource, chunk: dict[str, list[Any]],
+                     views: Sequence[SourceView]) -> list[tuple[int, list[Any], Document]]:
+    changes = changes_frame(spark, source, pa.table(chunk, schema=_LOG_SCHEMA), None)
+    return list(view_documents_of(views, changes))

@@ -63,6 +63,21 @@ def lock_data_dir(data_dir: Path) -> int:
     return descriptor
 
 
+CHANGELOG_RETENTION_MS = 600_000  # SUBSCRIBE ... AS OF may reach 10 minutes back
+CHANGELOG_COMPACTION_INTERVAL_S = 60.0
+
+
+async def _compact_changelogs_periodically(store: ServingStore, executor: ThreadPoolExecutor) -> None:
+    """Keep the changelogs SUBSCRIBE reads bounded: drop changes older than the retention."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(CHANGELOG_COMPACTION_INTERVAL_S)
+        try:
+            await loop.run_in_executor(executor, store.compact_changelogs, CHANGELOG_RETENTION_MS)
+        except Exception:  # noqa: BLE001 - compaction is retried next round; serving goes on
+            log.exception("changelog compaction failed")
+
+
 async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     lock = lock_data_dir(config.data_dir)
     layout = DataLayout(config.data_dir.resolve())
@@ -100,10 +115,12 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     print(f"  SQL:      psql -h {config.host} -p {config.pg_port} -U headrace headrace", flush=True)
     print(f"  webhooks: POST http://{config.host}:{config.http_port}/api/webhook/headrace/public/<source>",
           flush=True)
+    compaction = asyncio.create_task(_compact_changelogs_periodically(store, executor))
     try:
         await stop.wait()
     finally:
         print("headrace: shutting down", flush=True)
+        compaction.cancel()
         web_state.stopping = True  # 503 + Retry-After from now on
         await http_runner.cleanup()  # stop taking webhooks first: nothing acknowledged is lost
         pg_server.close()

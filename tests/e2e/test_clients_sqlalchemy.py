@@ -83,8 +83,6 @@ def test_asyncpg_dialect_reflection(server: HeadraceProcess, source: str) -> Non
     assert source in asyncio.run(reflect())
 
 
-@pytest.mark.xfail(strict=True, reason="psycopg's TypeInfo.fetch inside SQLAlchemy's transaction uses SAVEPOINT, "
-                                       "which headrace does not support yet (session-SQL)")
 def test_reflection_inside_a_transaction(server: HeadraceProcess, source: str) -> None:
     engine = sa.create_engine(url(server, "psycopg"))
     try:

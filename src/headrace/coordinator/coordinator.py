@@ -36,6 +36,7 @@ from headrace.coordinator.plan_cache import CursorPool, PlanCache, reusable_curs
 from headrace.coordinator.roles import ROLE_STATEMENTS, execute_role_statement
 from headrace.coordinator.copy import SourcesAreNotTables
 from headrace.coordinator.session_sql import SESSION_STATEMENTS, SessionStatements
+from headrace.coordinator.subscribe import Subscriptions
 from headrace.coordinator.ddl_sources import SourceDdl, handles as is_source_ddl
 from headrace.coordinator.sources import SourceResources
 from headrace.coordinator import views as view_ddl
@@ -46,7 +47,7 @@ from headrace.errors import (
     QueryCanceled,
     UndefinedObject,
 )
-from headrace.sql.ast import ShowObjects
+from headrace.sql.ast import SavepointStatement, ShowObjects, SubscribeStatement
 from headrace.sql.parser import parse_statement
 from headrace.sql.select import is_query, plan_select
 from headrace.sql.types import TEXT_OID
@@ -84,6 +85,8 @@ class Coordinator:
         # SELECT fast path: plans by text (valid while the catalog is unchanged), pooled cursors
         self.plan_cache = PlanCache(lambda: tuple((item.id, item.create_sql) for item in [*catalog.sources(), *catalog.views()]))
         self.cursors = CursorPool(resources.store)
+        # SUBSCRIBE over the serving store's changelogs (coordinator/subscribe.py)
+        self.subscriptions = Subscriptions(resources.store, executor, catalog, self.views.plan)
 
     # ---- prepare ------------------------------------------------------------------------------
     async def prepare(self, session: Session, name: str, sql: str, param_types: Sequence[int]) -> PreparedStatement:
@@ -109,6 +112,9 @@ class Coordinator:
             if plan is unbound:
                 self.plan_cache.put(sql, param_types, statement)
             return statement
+        if isinstance(ast, SubscribeStatement):
+            return PreparedStatement(sql, ast, StatementDescription(tuple(param_types),
+                                                                    await self.subscriptions.describe(ast)))
         return PreparedStatement(sql, ast, StatementDescription(tuple(param_types), self._static_columns(ast)))
 
     def _static_columns(self, ast: exp.Expr) -> tuple[Column, ...] | None:
@@ -128,7 +134,8 @@ class Coordinator:
         ast = statement.ast
         if ast is None:
             return EmptyQuery()
-        if session.transaction is TransactionStatus.FAILED and not isinstance(ast, (exp.Commit, exp.Rollback)):
+        if session.transaction is TransactionStatus.FAILED and not isinstance(ast, (exp.Commit, exp.Rollback)) \
+                and not (isinstance(ast, SavepointStatement) and ast.args["action"] == "rollback_to"):
             raise HeadraceError("current transaction is aborted, commands ignored until end of transaction block",
                                 sqlstate=AbortedTransaction)
         if statement.plan is not None:
@@ -160,6 +167,8 @@ class Coordinator:
             return SendingRows(self._static_columns(ast) or (), rows, tag_verb="SHOW")
         if isinstance(ast, ROLE_STATEMENTS):
             return execute_role_statement(self.roles, session.user, ast)
+        if isinstance(ast, SubscribeStatement):
+            return await self.subscriptions.start(ast)
         raise FeatureNotSupported(f"{ast.key.upper()} is not supported yet")
 
     # ---- DDL ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlglot import exp
@@ -48,6 +49,7 @@ from headrace.sql.ast import (
     FetchCursor,
     PrepareStatement,
     ResetVariable,
+    SavepointStatement,
     SetTransaction,
     SetVariable,
     ShowVariable,
@@ -57,7 +59,7 @@ from headrace.sql.types import OID_BY_TYPE_NAME
 
 SESSION_STATEMENTS = (PrepareStatement, ExecuteStatement, DeallocateStatement, DeclareCursor, FetchCursor,
                       CloseCursor, SetVariable, SetTransaction, ResetVariable, DiscardStatement, CopyStatement,
-                      ShowVariable, exp.Transaction, exp.Commit, exp.Rollback)
+                      ShowVariable, exp.Transaction, exp.Commit, exp.Rollback, SavepointStatement)
 DEFAULT_SCHEMA = "public"
 
 
@@ -90,6 +92,8 @@ class SessionStatements:
 
     # --- execute ------------------------------------------------------------------------------
     async def execute(self, session: Session, ast: exp.Expr, cancel: asyncio.Event) -> ExecuteResponse:
+        if isinstance(ast, SavepointStatement):
+            return execute_savepoint(session, ast)
         if isinstance(ast, exp.Transaction):
             return self._begin(session, ast)
         if isinstance(ast, exp.Commit):
@@ -127,6 +131,7 @@ class SessionStatements:
     def _begin(self, session: Session, ast: exp.Transaction) -> CommandComplete:
         if not session.begin():
             return CommandComplete("BEGIN", ("there is already a transaction in progress",))
+        _savepoints(session).clear()
         for mode in ast.args.get("modes") or []:
             if isinstance(mode, str) and mode.startswith("isolation level "):
                 execute_set_transaction(session, SetTransaction(modes=[mode]))
@@ -136,6 +141,7 @@ class SessionStatements:
         if session.transaction is TransactionStatus.IDLE:
             return CommandComplete("COMMIT" if commit else "ROLLBACK", ("there is no transaction in progress",))
         committed = commit and session.transaction is TransactionStatus.IN_BLOCK
+        _savepoints(session).clear()
         session.end_transaction(committed=committed)
         return CommandComplete("COMMIT" if committed else "ROLLBACK")
 
@@ -230,6 +236,50 @@ class SessionStatements:
         if not isinstance(inner, (SendingRows, Subscribing)):
             raise FeatureNotSupported("COPY TO STDOUT needs a query that returns rows")
         return copy_to(options, inner)
+
+
+@dataclass
+class Savepoint:
+    name: str
+    variables: dict[str, str]  # the session's variables when it was set
+    portals: frozenset[str]  # the cursors open then: ROLLBACK TO closes those declared after it
+
+
+def _savepoints(session: Session) -> list[Savepoint]:
+    """The block's savepoints, innermost last (kept on the session; BEGIN and COMMIT/ROLLBACK clear them)."""
+    stack: list[Savepoint] | None = getattr(session, "_savepoints", None)
+    if stack is None:
+        stack = []
+        setattr(session, "_savepoints", stack)
+    return stack
+
+
+def execute_savepoint(session: Session, ast: SavepointStatement) -> CommandComplete:
+    """SAVEPOINT / RELEASE / ROLLBACK TO with PostgreSQL's semantics for session state: ROLLBACK TO
+    restores the variables, closes cursors declared since, keeps the savepoint and clears a failed block."""
+    action, name = ast.args["action"], str(ast.this)
+    if not session.in_block:
+        shown = {"savepoint": "SAVEPOINT", "release": "RELEASE SAVEPOINT", "rollback_to": "ROLLBACK TO SAVEPOINT"}[action]
+        raise HeadraceError(f"{shown} can only be used in transaction blocks", sqlstate="25P01")
+    stack = _savepoints(session)
+    if action == "savepoint":
+        stack.append(Savepoint(name, dict(session.variables), frozenset(session.portals)))
+        return CommandComplete("SAVEPOINT")
+    found = next((i for i in range(len(stack) - 1, -1, -1) if stack[i].name == name), None)
+    if found is None:
+        raise HeadraceError(f'savepoint "{name}" does not exist', sqlstate="3B001")
+    if action == "release":
+        del stack[found:]
+        return CommandComplete("RELEASE")
+    savepoint = stack[found]
+    del stack[found + 1:]
+    session.variables.clear()
+    session.variables.update(savepoint.variables)
+    for portal_name in list(session.portals):
+        if portal_name and portal_name not in savepoint.portals:
+            session.close_portal(portal_name)
+    session.transaction = TransactionStatus.IN_BLOCK
+    return CommandComplete("ROLLBACK")
 
 
 def portal_columns(portal: Portal) -> tuple[Any, ...] | None:

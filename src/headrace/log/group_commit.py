@@ -75,7 +75,8 @@ class GroupCommitter:
         self._wakeup = threading.Condition(self._lock)
         self._pending: collections.deque[_Entry] = collections.deque()
         self._pending_items = 0
-        self._writer_waiting = False  # the writer sleeps on _wakeup: the next append must notify it
+        self._writer_waiting = False  # the writer sleeps on _wakeup: it must be notified
+        self._notify_scheduled = False  # a notify is queued on the event loop (loop thread only)
         self._closing = False
         self._writer: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -107,10 +108,20 @@ class GroupCommitter:
         with self._lock:
             self._pending.append((items, future))
             self._pending_items += len(items)
+            wake = self._writer_waiting and not self._notify_scheduled
+        if wake:
+            # Wake the writer once per turn of the event loop, not per request: the requests that
+            # arrive together (one epoll wake-up) become one batch, for one futex wake-up.
+            self._notify_scheduled = True
+            loop.call_soon(self._notify_writer)
+        return future
+
+    def _notify_writer(self) -> None:
+        self._notify_scheduled = False
+        with self._lock:
             if self._writer_waiting:
                 self._writer_waiting = False
                 self._wakeup.notify()
-        return future
 
     @property
     def queued(self) -> int:
@@ -199,13 +210,11 @@ class GroupCommitter:
             self._failure = f"fsync failed; the log must be reopened: {error}"
             self._settle(batch, None, str(error))
             return
-        # Durable: answer first, then tell the codec (its bookkeeping is off the ack path; the next
-        # batch is encoded by this same thread after it, so it always sees this one).
-        self._settle(batch, offsets, None)
-        try:
+        try:  # before the answer: whoever gets the 200 then sees the batch in the codec's state
             self._codec.durable(items, offsets, self._log.end_offset)
         except Exception as error:  # noqa: BLE001 - the batch is durable; only later appends are refused
             self._failure = f"could not record the batch after writing it: {error!r}"
+        self._settle(batch, offsets, None)
 
     def _settle(self, batch: list[_Entry], offsets: list[int] | None, failure: str | None) -> None:
         """One wake-up of the event loop per batch."""

@@ -41,7 +41,7 @@ HEADER = struct.Struct(">II")  # payload length, crc32(payload)
 HEADER_BYTES = HEADER.size
 MAX_PAYLOAD_BYTES = 256 << 20  # a header claiming more is garbage, not a record
 SEGMENT_SUFFIX = ".log"
-DEFAULT_PREALLOCATE_BYTES = 4 << 20
+DEFAULT_PREALLOCATE_BYTES = 1 << 20  # one journal commit (and one ~1 MiB writeback) per MiB of records
 _READ_CHUNK_BYTES = 1 << 20
 _ZEROS = bytes(1 << 20)
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from headrace.coordinator.responses import Column, CommandComplete, EmptyQuery, ExecuteResponse, SendingRows
-from headrace.errors import HeadraceError, ProtocolViolation
+from headrace.coordinator.responses import (
+    Column,
+    CommandComplete,
+    EmptyQuery,
+    ExecuteResponse,
+    SendingRows,
+    Subscribing,
+)
+from headrace.errors import FeatureNotSupported, HeadraceError, ProtocolViolation
 from headrace.pgwire import messages
 from headrace.pgwire.types import BINARY_FORMAT, TEXT_FORMAT, type_size, value_encoder
 
@@ -56,5 +63,12 @@ def append_result(out: bytearray, result: ExecuteResponse, formats: Sequence[int
         out += messages.command_complete(result.tag)
     elif isinstance(result, EmptyQuery):
         out += messages.empty_query_response()
+    elif isinstance(result, Subscribing):
+        # Streaming a bare SUBSCRIBE needs the transport to interleave waiting and writing; until it
+        # does, say which two forms work rather than fail with an internal error.
+        result.cancel()
+        raise FeatureNotSupported("SUBSCRIBE as a bare statement is not supported over pgwire yet",
+                                  hint="use DECLARE c CURSOR FOR SUBSCRIBE ...; FETCH ALL c, "
+                                       "or COPY (SUBSCRIBE ...) TO STDOUT")
     else:
         raise TypeError(f"unexpected execute response {result!r}")

@@ -45,6 +45,14 @@ async def serve_connection(adapter: AdapterClient, reader: asyncio.StreamReader,
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer_address = str(writer.get_extra_info("peername")[0])
     connection = PgConnection(adapter, security, peer_address)
+
+    async def flush_output() -> None:  # streaming responses (COPY TO, SUBSCRIBE) write as they go
+        output = connection.take_output()
+        if output:
+            writer.write(output)
+            await writer.drain()
+
+    connection.flush_output = flush_output
     try:
         while data := await reader.read(READ_CHUNK_SIZE):
             connection.receive_data(data)

@@ -27,6 +27,7 @@ from headrace.materialize.sources import source_binding
 from headrace.pipeline.view_changes import SourceView, changes_frame, read_replaced, view_documents_of
 
 log = logging.getLogger(__name__)
+SLOW_BATCH_S = 2.0  # a batch taking longer is logged with where its time went
 
 
 
@@ -64,11 +65,17 @@ class SourceBatches:
         # `views`: the views whose state this checkpoint includes (a view missing here is backfilled).
         checkpoint = {"epoch": self.epoch, "batch_id": batch_id, "log_end": log_end, "views": self.view_ids}
         documents = self._documents(columns)
+        collected = time.monotonic()
         if self.views:
             documents = [*documents, *self._view_documents(frame, table, columns)]
+        viewed = time.monotonic()
         self.runtime.transact(documents, checkpoint)
         self.committed_batch_id = batch_id
         self.last_batch_seconds = time.monotonic() - started
+        if self.last_batch_seconds > SLOW_BATCH_S:
+            log.warning("%s: batch %d of %d rows took %.2f s (read %.2f, views %.2f, transaction %.2f)",
+                        self.source.materialization, batch_id, table.num_rows, self.last_batch_seconds,
+                        collected - started, viewed - collected, time.monotonic() - viewed)
 
     def _view_documents(self, frame: DataFrame, table: Any,
                         columns: dict[str, list[Any]]) -> Iterator[tuple[int, list[Any], dict[str, Any]]]:

@@ -164,3 +164,22 @@ class ShowCreateObject(exp.Expression):
     """SHOW CREATE MATERIALIZED VIEW <name> (`kind` "materialized view", `this` exp.Table)."""
 
     arg_types: dict[str, Any] = {"kind": True, "this": True}
+
+
+# --- SUBSCRIBE and savepoints: executed by coordinator/subscribe.py and coordinator/session_sql.py ---
+
+
+class SubscribeStatement(exp.Expression):
+    """SUBSCRIBE [TO] <object | (SELECT ...)> [WITH (SNAPSHOT [= bool], PROGRESS [= bool])] [AS OF <ts>]
+    [UP TO <ts>]. `this`: (schema or "", name) of the object, or None with `query` (the SELECT's AST)
+    and `query_sql`; `snapshot` / `progress`: bool; `as_of` / `up_to`: int ms or None."""
+
+    arg_types: dict[str, Any] = {"this": False, "query": False, "query_sql": False, "snapshot": False,
+                                 "progress": False, "as_of": False, "up_to": False}
+
+
+class SavepointStatement(exp.Expression):
+    """SAVEPOINT name / RELEASE [SAVEPOINT] name / ROLLBACK TO [SAVEPOINT] name (`action`: "savepoint",
+    "release" or "rollback_to"; `this`: the name)."""
+
+    arg_types: dict[str, Any] = {"this": True, "action": True}

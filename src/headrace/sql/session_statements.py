@@ -26,15 +26,18 @@ from headrace.sql.ast import (
     FetchCursor,
     PrepareStatement,
     ResetVariable,
+    SavepointStatement,
     SetTransaction,
     SetVariable,
+    SubscribeStatement,
 )
 from headrace.sql.parser import HeadraceTokenizer
 
 StatementParser = Callable[[str], exp.Expr]
 
 _SESSION_KEYWORDS = {"PREPARE", "EXECUTE", "DEALLOCATE", "DECLARE", "FETCH", "CLOSE", "SET", "RESET",
-                     "DISCARD", "START", "BEGIN", "COMMIT", "END", "ROLLBACK", "ABORT", "COPY"}
+                     "DISCARD", "START", "BEGIN", "COMMIT", "END", "ROLLBACK", "ABORT", "COPY",
+                     "SUBSCRIBE", "SAVEPOINT", "RELEASE"}
 _STRING_TOKENS = (TokenType.STRING, TokenType.NATIONAL_STRING, TokenType.BYTE_STRING)
 
 
@@ -305,16 +308,75 @@ class _Parser:
     _parse_end = _parse_commit
 
     def _parse_rollback(self) -> exp.Expr:
-        if self._peek_word() in ("PREPARED", "TO"):
+        if self._peek_word() == "PREPARED":
             raise FeatureNotSupported(f"ROLLBACK {self._peek_word()} is not supported")
         if not self._match("WORK"):
             self._match("TRANSACTION")
+        if self._match("TO"):
+            self._match("SAVEPOINT")
+            return SavepointStatement(this=self._name(), action="rollback_to")
         if self._match("AND", "CHAIN"):
             raise FeatureNotSupported("ROLLBACK AND CHAIN is not supported")
         self._match("AND", "NO", "CHAIN")
         return exp.Rollback()
 
     _parse_abort = _parse_rollback
+
+    def _parse_savepoint(self) -> exp.Expr:
+        return SavepointStatement(this=self._name(), action="savepoint")
+
+    def _parse_release(self) -> exp.Expr:
+        self._match("SAVEPOINT")
+        return SavepointStatement(this=self._name(), action="release")
+
+    # --- SUBSCRIBE ----------------------------------------------------------------------------
+    def _parse_subscribe(self) -> exp.Expr:
+        self._match("TO")
+        args: dict[str, object] = {"snapshot": True, "progress": False, "as_of": None, "up_to": None}
+        if self._current is not None and self._current.token_type == TokenType.L_PAREN:
+            open_paren = self._advance()
+            depth = 1
+            while depth:
+                token = self._advance()
+                depth += (token.token_type == TokenType.L_PAREN) - (token.token_type == TokenType.R_PAREN)
+            args["query_sql"] = self._sql[open_paren.end + 1:self._tokens[self._index - 1].start].strip()
+            args["query"] = self._parse_statement(str(args["query_sql"]))
+        else:
+            name = self._dotted_name()
+            schema, _, relation = name.rpartition(".")
+            args["this"] = (schema.rpartition(".")[2], relation)
+        if self._match("WITH"):
+            if self._current is None or self._current.token_type != TokenType.L_PAREN:
+                self._error()
+            self._advance()
+            while True:
+                option = self._name()
+                if option not in ("snapshot", "progress"):
+                    raise SyntaxError_(f'unrecognized SUBSCRIBE option "{option}"')
+                value = True
+                if self._current is not None and self._current.token_type == TokenType.EQ:
+                    self._advance()
+                    value = self._value() in ("true", "on", "1", "t", "yes")
+                args[option] = value
+                if self._current is not None and self._current.token_type == TokenType.COMMA:
+                    self._advance()
+                    continue
+                self._close_paren()
+                break
+        if self._match("AS", "OF"):
+            args["as_of"] = self._timestamp()
+        if self._match("UP", "TO"):
+            args["up_to"] = self._timestamp()
+        return SubscribeStatement(**args)
+
+    def _timestamp(self) -> int:
+        """AS OF / UP TO: a timestamp in ms since the epoch (a number, or a string holding one)."""
+        text = self._value()
+        try:
+            return int(text)
+        except ValueError:
+            raise SyntaxError_(f'invalid SUBSCRIBE timestamp "{text}"',
+                               hint="give milliseconds since the epoch, e.g. AS OF 1700000000000") from None
 
     # --- variables ----------------------------------------------------------------------------
     def _parse_set(self) -> exp.Expr:

@@ -13,9 +13,9 @@ At start-up `catch_up` replays the log from that offset (applying a record twice
 
 Write-behind (what the ingest path uses). A SQLite transaction of random 16-byte keys dirties about
 one page per key, and writing those pages to the WAL costs several times the log's own fsync. So
-`record` only puts the entries in an in-memory overlay and queues them; a flusher thread commits
-everything queued in one transaction (a group commit of its own) and then drops the entries from
-the overlay. `lookup` reads the overlay first, then SQLite through a second connection (WAL
+`record` only puts the entries in an in-memory overlay and queues them; a flusher thread, woken
+when the queue stops being empty, gathers for a few milliseconds, commits everything queued in one
+transaction (a group commit of its own) and then drops the entries from the overlay. `lookup` reads the overlay first, then SQLite through a second connection (WAL
 readers do not wait for the writer), so a recorded key is always visible: an entry leaves the
 overlay only after its transaction committed. The overlay is bounded: `record` waits while more
 than `max_behind` entries are queued. A crash loses at most the queued entries, which `catch_up`
@@ -38,6 +38,7 @@ INDEX_FILE = "dedupe.sqlite3"
 _LOOKUP_CHUNK = 500  # below SQLite's bound-parameter limit
 _CATCH_UP_CHUNK = 10_000
 _MAX_BEHIND = 50_000  # entries queued for the flusher before `record` waits (bounds the overlay's memory)
+_FLUSH_LINGER_S = 0.02  # the flusher gathers this long: one transaction (and one wake-up) per many group commits
 
 
 def key_hash(key: str) -> bytes:
@@ -75,6 +76,7 @@ class DedupeIndex:
         self._queue: list[tuple[Sequence[tuple[bytes, KeyEntry]], int]] = []
         self._queued_entries = 0
         self._flushing = False
+        self._flush_waiters = 0  # callers of flush(): the flusher does not linger for them
         self._flush_error: BaseException | None = None
         self._flusher: threading.Thread | None = None
         self._closed = False
@@ -144,13 +146,19 @@ class DedupeIndex:
             if self._flusher is None:
                 self._flusher = threading.Thread(target=self._flush_forever, name="dedupe-flush", daemon=True)
                 self._flusher.start()
-            self._queue_changed.notify_all()
+            if len(self._queue) == 1 or self._queued_entries >= self._max_behind // 2:
+                self._queue_changed.notify_all()  # not per batch: the flusher lingers to gather anyway
 
     def flush(self) -> None:
         """Wait until everything recorded is committed (raises if the flusher failed)."""
         with self._queue_changed:
-            while (self._queue or self._flushing) and self._flush_error is None:
-                self._queue_changed.wait()
+            self._flush_waiters += 1
+            self._queue_changed.notify_all()
+            try:
+                while (self._queue or self._flushing) and self._flush_error is None:
+                    self._queue_changed.wait()
+            finally:
+                self._flush_waiters -= 1
             if self._flush_error is not None:
                 raise OSError(f"the idempotency index could not be written: {self._flush_error!r}")
 
@@ -161,6 +169,8 @@ class DedupeIndex:
                     self._queue_changed.wait()
                 if not self._queue:
                     return
+                if not self._closed and not self._flush_waiters and self._queued_entries < self._max_behind // 2:
+                    self._queue_changed.wait(_FLUSH_LINGER_S)  # gather (flush(), close, a full queue end it)
                 taken, self._queue, self._queued_entries = self._queue, [], 0
                 self._flushing = True
                 self._queue_changed.notify_all()

@@ -65,6 +65,7 @@ class WebhookHandler:
         self._header_columns = tuple((c.column, c.header, c.as_bytes) for c in source.header_columns)
         self._column_headers = frozenset(c.header for c in source.header_columns)
         self._keeps_headers = source.include_headers or bool(source.header_columns)
+        self._keeps_all_headers = source.include_headers and not source.headers_allowed and not source.headers_excluded
 
     def validate(self, headers: Sequence[tuple[str, str]], body: bytes, received_at_us: int) -> list[WebhookRecord]:
         """The request's rows as records (one per row), or WebhookRejected. Nothing is written here."""
@@ -116,6 +117,8 @@ class WebhookHandler:
     # ---- rows -----------------------------------------------------------------------------------
     def _kept_headers(self, header_map: dict[str, str]) -> dict[str, str]:
         """The headers the source stores: its INCLUDE HEADERS filter, plus any INCLUDE HEADER column's."""
+        if self._keeps_all_headers:  # INCLUDE HEADERS without a filter (the common case): no test per header
+            return header_map.copy()
         keeps, columns = self.source.keeps_header, self._column_headers
         return {name: value for name, value in header_map.items() if name in columns or keeps(name)}
 
@@ -230,6 +233,8 @@ def _header_map(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
 
 def _clean_text(text: str) -> str:
     # HTTP parsers decode header bytes with surrogateescape; such text cannot be stored as UTF-8.
+    if text.isascii():  # nearly every header: no encoding needed to know
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -1,0 +1,313 @@
+"""SUBSCRIBE: a webhook source's or materialized view's rows as of a timestamp, then every committed change.
+
+Everything is read from the serving store's changelog (docs/materialization.md, "The changelog"): one
+DuckDB transaction per poll reads the committed frontier (`latest_timestamp`), the changelog's `since`
+frontier and the changes after our position, so compaction cannot slip in between. The object's public
+relation (or the subscriber's `SELECT ... FROM object WHERE ...`) is applied to the snapshot and to each
+change batch in DuckDB, over a CTE `__hr_input` with the stored columns plus hr_timestamp and hr_diff.
+
+Output columns: hr_timestamp numeric, [hr_progressed bool (WITH PROGRESS)], hr_diff bigint, data columns.
+UP TO is exclusive (as in Materialize): changes at timestamps < UP TO, then the stream ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import duckdb
+from sqlglot import exp
+
+from headrace.catalog.catalog import Catalog
+from headrace.coordinator.responses import Column, Subscribing
+from headrace.errors import FeatureNotSupported, HeadraceError, UndefinedObject
+from headrace.materialize.sources import source_binding
+from headrace.pgwire import types as pg
+from headrace.sql.ast import SubscribeStatement
+from headrace.sql.types import oid_of_duckdb_type
+from headrace.sql.view_serving import public_relation_sql
+from headrace.store.jsonb import jsonb_text
+from headrace.store.serving import ChangelogCompacted, ServingStore, changelog_table, qualified_name, quote_ident
+
+POLL_INTERVAL_S = 0.1
+PROGRESS_INTERVAL_MS = 1000
+# A commit takes its timestamp from the store's clock just before it becomes visible, so once the clock
+# is this far past a timestamp no commit at or before it can still appear (UP TO ends, AS OF is reached).
+CLOCK_GRACE_MS = 1000
+INPUT = "__hr_input"
+FROM_KEY = "from_" if "from_" in exp.Select.arg_types else "from"  # renamed in newer sqlglot
+
+Row = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeTarget:
+    """What a subscription reads: the binding table, its materialization, and the DuckDB SELECT over
+    `__hr_input` (hr_timestamp, hr_diff, stored columns) giving hr_timestamp, hr_diff, data columns."""
+
+    resource_path: tuple[str, ...]
+    materialization: str
+    select_sql: str
+
+
+def source_target(source: Any) -> SubscribeTarget:
+    binding = source_binding(source)
+    columns = ", ".join(quote_ident(column) for column in source.column_names())
+    return SubscribeTarget(binding.resource_path, source.materialization,
+                           f"SELECT hr_timestamp, hr_diff, {columns} FROM {INPUT}")
+
+
+def view_target(plan: Any, view_id: str) -> SubscribeTarget:
+    """The view's public relation (sql/view_serving.py) re-aimed at the input: outputs as SELECT * shows them."""
+    create = exp.maybe_parse(public_relation_sql(plan, view_id), dialect="duckdb")
+    select = create.expression
+    if isinstance(select, exp.Union):  # the "no rows at all" branch of a global aggregate: snapshot-only
+        select = select.this
+    select = select.copy()
+    select.set(FROM_KEY, exp.From(this=exp.to_table(INPUT)))
+    select.set("expressions", [exp.column("hr_timestamp"), exp.column("hr_diff"), *select.expressions])
+    return SubscribeTarget((("headrace_internal", f"view_{view_id}")), f"view_{view_id}",
+                           select.sql(dialect="duckdb"))
+
+
+def restrict(target: SubscribeTarget, query: exp.Expr, data_columns: Sequence[str]) -> SubscribeTarget:
+    """SUBSCRIBE (SELECT ... FROM object [WHERE ...]): the projection and filter over the object's rows."""
+    if not isinstance(query, exp.Select):
+        raise FeatureNotSupported("SUBSCRIBE supports (SELECT ... FROM <source or materialized view> [WHERE ...])")
+    refused = [name for name in ("joins", "group", "having", "order", "limit", "offset", "distinct", "with", "qualify")
+               if query.args.get(name)]
+    if query.find(exp.AggFunc) is not None or query.find(exp.Window) is not None:
+        refused.append("aggregates")
+    if any(isinstance(node, (exp.Subquery, exp.Exists)) for node in query.walk()):
+        refused.append("subqueries")
+    if refused:
+        raise FeatureNotSupported(f"SUBSCRIBE (SELECT ...) cannot use {', '.join(refused)}",
+                                  hint="create a materialized view for it and SUBSCRIBE to the view")
+    select = query.copy()
+    table = select.args[FROM_KEY].this
+    alias = table.alias_or_name
+    expressions: list[exp.Expr] = [exp.column("hr_timestamp", table=alias), exp.column("hr_diff", table=alias)]
+    for expression in select.expressions:
+        if isinstance(expression, exp.Star) or (isinstance(expression, exp.Column) and expression.is_star):
+            expressions += [exp.column(name, table=alias, quoted=True) for name in data_columns]
+        else:
+            expressions.append(expression)
+    select.set("expressions", expressions)
+    subquery = exp.maybe_parse(target.select_sql, dialect="duckdb").subquery(alias)
+    select.set(FROM_KEY, exp.From(this=subquery))
+    return SubscribeTarget(target.resource_path, target.materialization, select.sql(dialect="duckdb"))
+
+
+class Subscriptions:
+    """Starts subscriptions for the coordinator; `resolve(schema, name)` finds a source or view's target."""
+
+    def __init__(self, store: ServingStore, executor: ThreadPoolExecutor, catalog: Catalog,
+                 view_plan: Callable[[Any], Any]) -> None:
+        self.store = store
+        self.executor = executor
+        self.catalog = catalog
+        self._view_plan = view_plan
+
+    def resolve(self, schema: str, name: str) -> SubscribeTarget:
+        source = self.catalog.find(schema or "public", name)
+        if source is not None:
+            return source_target(source)
+        view = self.catalog.find_view(schema or "public", name)
+        if view is not None:
+            return view_target(self._view_plan(view), view.id)
+        shown = f"{schema}.{name}" if schema else name
+        raise UndefinedObject(f'unknown catalog item \'{shown}\'')
+
+    def target(self, ast: SubscribeStatement) -> SubscribeTarget:
+        query = ast.args.get("query")
+        if query is None:
+            schema, name = ast.this
+            return self.resolve(schema, name)
+        from_ = query.args.get(FROM_KEY) if isinstance(query, exp.Select) else None
+        if from_ is None or not isinstance(from_.this, exp.Table):
+            raise FeatureNotSupported("SUBSCRIBE supports (SELECT ... FROM <source or materialized view> [WHERE ...])")
+        table = from_.this
+        base = self.resolve(table.db, table.name)
+        return restrict(base, query, self._column_names(base))
+
+    def _column_names(self, target: SubscribeTarget) -> list[str]:
+        return [column.name for column in describe_target(self.store, target)]
+
+    async def describe(self, ast: SubscribeStatement) -> tuple[Column, ...]:
+        target = self.target(ast)
+        data = await asyncio.get_running_loop().run_in_executor(self.executor, describe_target, self.store, target)
+        return output_columns(data, bool(ast.args.get("progress")))
+
+    async def start(self, ast: SubscribeStatement) -> Subscribing:
+        target = self.target(ast)
+        loop = asyncio.get_running_loop()
+        data = await loop.run_in_executor(self.executor, describe_target, self.store, target)
+        stream = SubscriptionStream(self.store, self.executor, target, data, snapshot=bool(ast.args.get("snapshot")),
+                                    progress=bool(ast.args.get("progress")), as_of=ast.args.get("as_of"),
+                                    up_to=ast.args.get("up_to"))
+        return Subscribing(output_columns(data, stream.progress), stream.batches(), stream.cancel)
+
+
+def output_columns(data: Sequence[Column], progress: bool) -> tuple[Column, ...]:
+    head = [Column("hr_timestamp", pg.NUMERIC)]
+    if progress:
+        head.append(Column("hr_progressed", pg.BOOL))
+    head.append(Column("hr_diff", pg.INT8))
+    return (*head, *data)
+
+
+def describe_target(store: ServingStore, target: SubscribeTarget) -> tuple[Column, ...]:
+    """The data columns (after hr_timestamp and hr_diff) of the target's SELECT, without rows."""
+    sql = f"WITH {INPUT} AS (SELECT * FROM {changelog_table(target.resource_path)} LIMIT 0) {target.select_sql}"
+    with store.cursor() as cursor:
+        try:
+            description = cursor.execute(sql).description or []
+        except duckdb.Error as exc:
+            raise HeadraceError(f"SUBSCRIBE cannot read {qualified_name(target.resource_path)}: {exc}",
+                                sqlstate="42703" if isinstance(exc, duckdb.BinderException) else "XX000") from None
+    return tuple(Column(name, oid_of_duckdb_type(str(type_name))) for name, type_name, *_ in description[2:])
+
+
+class SubscriptionStream:
+    def __init__(self, store: ServingStore, executor: ThreadPoolExecutor, target: SubscribeTarget,
+                 data_columns: Sequence[Column], *, snapshot: bool, progress: bool, as_of: int | None,
+                 up_to: int | None) -> None:
+        self.store, self.executor, self.target = store, executor, target
+        self.snapshot, self.progress, self.as_of, self.up_to = snapshot, progress, as_of, up_to
+        self._data_width = len(data_columns)
+        self._jsonb = [2 + i for i, column in enumerate(data_columns) if column.type_oid == pg.JSONB]
+        self._cancelled = asyncio.Event()
+        self._stored_columns = [name for name in (store.columns(target.resource_path) or {})]
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+
+    async def _sleep(self) -> bool:
+        """Wait one poll interval; False once cancelled."""
+        try:
+            await asyncio.wait_for(self._cancelled.wait(), POLL_INTERVAL_S)
+        except TimeoutError:
+            return True
+        return False
+
+    async def batches(self) -> AsyncIterator[Sequence[Row]]:
+        position: int | None = None
+        while position is None:  # an AS OF in the future: wait until the store has passed it
+            position, rows = await self._run(self._read_snapshot)
+            if position is None and not await self._sleep():
+                return
+        if self.snapshot and rows:
+            yield rows
+        frontier_shown = position
+        while not self._cancelled.is_set():
+            if self.up_to is not None and position >= self.up_to - 1:
+                return
+            position, rows, frontier = await self._run(self._read_changes, position)
+            if rows:
+                yield rows
+                frontier_shown = frontier
+            elif self.progress and frontier - frontier_shown >= PROGRESS_INTERVAL_MS:
+                frontier_shown = frontier
+                yield [self._progress_row(frontier)]
+            if self.up_to is not None and _now_ms() - CLOCK_GRACE_MS >= self.up_to:
+                position, rows, _ = await self._run(self._read_changes, position)  # the last ones below UP TO
+                if rows:
+                    yield rows
+                return
+            if not rows and not await self._sleep():
+                return
+
+    # --- reads (executor threads) -------------------------------------------------------------
+    def _read_snapshot(self) -> tuple[int | None, list[Row]]:
+        """(the snapshot's timestamp, its rows with hr_diff +1), or (None, []) while AS OF is ahead."""
+        path = self.target.resource_path
+        cursor = self.store.cursor()
+        try:
+            cursor.begin()
+            latest = self.store.latest_timestamp(self.target.materialization, cursor) or 0
+            since = self.store.changelog_since(path, cursor)
+            as_of = latest if self.as_of is None else self.as_of
+            if as_of > latest:
+                if _now_ms() - CLOCK_GRACE_MS < as_of:
+                    return None, []
+                as_of = latest  # nothing committed in (latest, as_of]: the latest rows are those as of it
+                latest_read = as_of
+            else:
+                latest_read = latest
+            if as_of < latest and as_of + 1 < since:
+                raise ChangelogCompacted(f"AS OF {as_of} is before the since frontier {since} of "
+                                         f"{qualified_name(path)}: those changes were compacted",
+                                         hint="subscribe without AS OF, or with a later one")
+            columns = ", ".join(quote_ident(column) for column in self._stored_columns)
+            rows: list[Row] = []
+            if self.snapshot:
+                input_sql = (f"SELECT {as_of}::BIGINT AS hr_timestamp, 1 AS hr_diff, {columns} "
+                             f"FROM {qualified_name(path)}")
+                if as_of < latest_read:  # undo the changes after AS OF, then consolidate
+                    input_sql = (f"SELECT hr_timestamp, sum(hr_diff)::INTEGER AS hr_diff, {columns} FROM ("
+                                 f"{input_sql} UNION ALL SELECT {as_of}::BIGINT, -hr_diff, {columns} FROM "
+                                 f"{changelog_table(path)} WHERE hr_timestamp > {as_of}) GROUP BY ALL "
+                                 "HAVING sum(hr_diff) <> 0")
+                rows = self._select(cursor, input_sql)
+            position = as_of if self.as_of is not None else max(as_of, since - 1)
+            return position, rows
+        finally:
+            cursor.rollback()
+            cursor.close()
+
+    def _read_changes(self, position: int) -> tuple[int, list[Row], int]:
+        """(the new position, the changes after `position` up to the committed frontier and below UP TO,
+        the frontier)."""
+        path = self.target.resource_path
+        cursor = self.store.cursor()
+        try:
+            cursor.begin()
+            latest = self.store.latest_timestamp(self.target.materialization, cursor) or 0
+            since = self.store.changelog_since(path, cursor)
+            upto = latest if self.up_to is None else min(latest, self.up_to - 1)
+            if latest <= position:
+                # nothing committed after us: compaction's frontier may pass us without losing anything
+                limit = since - 1 if self.up_to is None else min(since - 1, self.up_to - 1)
+                return max(position, limit), [], latest
+            if upto <= position:
+                return position, [], latest
+            if position + 1 < since:
+                raise ChangelogCompacted(f"changes of {qualified_name(path)} after {position} were compacted "
+                                         f"(retained from {since})", hint="SUBSCRIBE again for a new snapshot")
+            columns = ", ".join(quote_ident(column) for column in self._stored_columns)
+            input_sql = (f"SELECT hr_timestamp, hr_diff, {columns} FROM {changelog_table(path)} "
+                         f"WHERE hr_timestamp > {position} AND hr_timestamp <= {upto}")
+            return upto, self._select(cursor, input_sql), latest
+        finally:
+            cursor.rollback()
+            cursor.close()
+
+    def _select(self, cursor: duckdb.DuckDBPyConnection, input_sql: str) -> list[Row]:
+        sql = f"WITH {INPUT} AS ({input_sql}) SELECT * FROM ({self.target.select_sql}) ORDER BY 1, 2"
+        rows = cursor.execute(sql).fetchall()
+        return [self._output_row(row) for row in rows]
+
+    def _output_row(self, row: Row) -> Row:
+        values = list(row)
+        for i in self._jsonb:
+            if isinstance(values[i], str):
+                values[i] = jsonb_text(values[i])
+        head: list[Any] = [Decimal(values[0])]
+        if self.progress:
+            head.append(False)
+        return (*head, int(values[1]), *values[2:])
+
+    def _progress_row(self, frontier: int) -> Row:
+        return (Decimal(frontier), True, None, *([None] * self._data_width))
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000

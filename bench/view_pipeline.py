@@ -158,6 +158,8 @@ def main() -> None:
                   f"({len(latencies)} probes; targets p50 <= 1,000 ms, p99 <= 3,000 ms)", flush=True)
         finally:
             process.stop()
+            slow = [line for line in process.pipeline_log().splitlines() if "took" in line or "backfilled" in line]
+            print("\n".join(["pipeline's slow batches:", *slow[-8:]]), flush=True)
             print(f"load average after: {os.getloadavg()}", flush=True)
 
 

@@ -147,23 +147,23 @@ def test_secrets_are_never_shown_or_stored_with_the_catalog(server: HeadraceProc
 
 
 def test_alter_source_window_and_its_bounds(server: HeadraceProcess) -> None:
-    run(server, "CREATE SOURCE windowed FROM WEBHOOK BODY FORMAT JSON IDEMPOTENT (body->>'id') WINDOW '3 days'")
+    run(server, "CREATE SOURCE window_bounds FROM WEBHOOK BODY FORMAT JSON IDEMPOTENT (body->>'id') WINDOW '3 days'")
     stored = json.loads((server.data_dir / "catalog.json").read_text())
-    [entry] = [item for item in stored["items"] if "windowed" in item["create_sql"]]
+    [entry] = [item for item in stored["items"] if "window_bounds" in item["create_sql"]]
     assert entry["create_sql"].endswith("WINDOW '3 days'")
-    run(server, "ALTER SOURCE windowed SET (WINDOW = '7 days')")
+    run(server, "ALTER SOURCE window_bounds SET (WINDOW = '7 days')")
     stored = json.loads((server.data_dir / "catalog.json").read_text())
     assert any(item["create_sql"].endswith("WINDOW '7 days'") for item in stored["items"])
     for window in ("'0 hours'", "'31 days'", "'-1 day'"):
-        assert sql_error(server, f"ALTER SOURCE windowed SET (WINDOW = {window})").sqlstate == "22023"
+        assert sql_error(server, f"ALTER SOURCE window_bounds SET (WINDOW = {window})").sqlstate == "22023"
     error = sql_error(server, "CREATE SOURCE too_long FROM WEBHOOK BODY FORMAT JSON IDEMPOTENT (body->>'id') WINDOW '60 days'")
     assert error.sqlstate == "22023" and "maximum" in str(error)
     run(server, "CREATE SOURCE unkeyed FROM WEBHOOK BODY FORMAT JSON")
     assert sql_error(server, "ALTER SOURCE unkeyed SET (WINDOW = '1 day')").sqlstate == "0A000"
     assert sql_error(server, "ALTER SOURCE nowhere SET (WINDOW = '1 day')").sqlstate == "42P01"
     # the source still takes requests after the ALTER
-    assert post(server, "windowed", b'{"id": "w"}').status_code == 200
-    assert rows_of(server, "SELECT idempotency_key FROM windowed", 1) == [("w",)]
+    assert post(server, "window_bounds", b'{"id": "w"}').status_code == 200
+    assert rows_of(server, "SELECT idempotency_key FROM window_bounds", 1) == [("w",)]
 
 
 def test_drop_source_removes_its_endpoint_at_once(server: HeadraceProcess) -> None:

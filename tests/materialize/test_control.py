@@ -139,7 +139,7 @@ def test_re_applying_is_a_no_op_and_a_new_column_migrates(driver_server: DriverS
 def test_the_serving_store_refuses_reserved_unsupported_and_retyped_fields(driver_server: DriverServer) -> None:
     driver_server.store.apply(SPEC.bindings[0])
     proposal = ValidateBinding(SPEC.bindings[0].resource_path, ("idempotency_key",), {
-        "idempotency_key": "VARCHAR", "body": "BIGINT", "hr_timestamp": "BIGINT", "blob": "BLOB", "ok": "BOOLEAN"})
+        "idempotency_key": "VARCHAR", "body": "BIGINT", "hr_timestamp": "BIGINT", "blob": "HUGEINT", "ok": "BOOLEAN"})
     runtime = driver_server.runtime(SPEC)
     with pytest.raises(InvalidFieldSelection) as info:
         runtime.validate([proposal])

@@ -319,9 +319,9 @@ def test_materializations_commit_concurrently_into_one_store(server: DriverServe
 
 
 def test_a_spec_the_driver_cannot_serve_fails_open(server: DriverServer) -> None:
-    spec = MaterializationSpec("bad", (Binding(("bad",), ("k",), ("v",), {"k": "VARCHAR", "v": "BLOB"}),))
+    spec = MaterializationSpec("bad", (Binding(("bad",), ("k",), ("v",), {"k": "VARCHAR", "v": "HUGEINT"}),))
     runtime = server.runtime(spec)
-    with pytest.raises(DriverError, match="column type BLOB of 'v' is not supported"):
+    with pytest.raises(DriverError, match="column type HUGEINT of 'v' is not supported"):
         runtime.open()
 
 

@@ -93,8 +93,8 @@ def test_apply_refuses_a_changed_key_or_type(serving_store: ServingStore) -> Non
 
 
 def test_apply_refuses_unknown_types_and_untyped_columns(serving_store: ServingStore) -> None:
-    with pytest.raises(FeatureNotSupported, match="column type BLOB"):
-        serving_store.apply(Binding(("t",), ("k",), (), {"k": "BLOB"}))
+    with pytest.raises(FeatureNotSupported, match="column type HUGEINT"):
+        serving_store.apply(Binding(("t",), ("k",), (), {"k": "HUGEINT"}))
     with pytest.raises(InternalError, match="no type for columns"):
         serving_store.apply(Binding(("t",), ("k",), ("v",), {"k": "VARCHAR"}))
 

@@ -12,6 +12,7 @@ Materialized views over the source are further bindings of the same transaction 
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import time
@@ -49,6 +50,8 @@ class SourceBatches:
         except ImportError:
             source_row = _legacy_row
         self._row_builder = source_row
+        # bytea columns (BODY FORMAT BYTES, INCLUDE HEADER ... BYTES) travel the JSON protocol as base64 text
+        self._blob_columns = tuple(c for c, t in self.binding.column_types.items() if t.upper() == "BLOB")
         self.last_batch_seconds = 0.0
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
@@ -90,7 +93,11 @@ class SourceBatches:
 
     def _row(self, received_at_us: int, idempotency_key: str | None, headers: dict[str, str] | None,
              body: bytes) -> dict[str, Any]:
-        return self._row_builder(self.source, received_at_us, idempotency_key, headers, body)
+        row = self._row_builder(self.source, received_at_us, idempotency_key, headers, body)
+        for column in self._blob_columns:
+            if row.get(column) is not None:
+                row[column] = base64.b64encode(row[column]).decode("ascii")
+        return row
 
     def _documents(self, columns: dict[str, list[Any]]) -> Iterator[tuple[int, list[Any], dict[str, Any]]]:
         stored: dict[int, dict[str, Any]] = {}  # offset -> document, in log order

@@ -20,6 +20,7 @@ microseconds). Loaded documents are rebuilt from those columns, so fields outsid
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -123,6 +124,9 @@ def _column(name: str, duckdb_type: str, is_key: bool) -> _Column:
                        f"CAST({quoted} AS VARCHAR)", _load_json)
     if type_name == "TIMESTAMPTZ":
         return _Column(name, type_name, _ARROW_TYPES[type_name], None, f"epoch_us({quoted})", None)
+    if type_name == "BLOB":  # the protocol is JSON: bytes travel as base64 text both ways
+        return _Column(name, type_name, _ARROW_TYPES[type_name],
+                       lambda v: None if v is None else base64.b64decode(v), f"base64({quoted})", None)
     return _Column(name, type_name, _ARROW_TYPES[type_name], None, quoted, None)
 
 
@@ -190,7 +194,7 @@ _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError,
 _EXPECTED = {"VARCHAR": "expected a string", "JSON": "expected any JSON value",
              "TIMESTAMPTZ": "expected integer microseconds since the epoch (UTC)", "BIGINT": "expected an integer",
              "INTEGER": "expected a 32-bit integer", "DOUBLE": "expected a number", "BOOLEAN": "expected a boolean",
-             "BLOB": "expected bytes"}
+             "BLOB": "expected base64 text of the bytes"}
 
 
 def _convert(column: _Column, values: list[Any]) -> pa.Array:

@@ -10,7 +10,9 @@ Three receivers, each its own process on this machine, each driven by the same l
 Throughput: wrk -t1 (Lua script: a fresh Idempotency-Key per request, ~100-byte JSON). Latency: an
 open-loop asyncio client at half of each receiver's measured maximum (wrk2 is not packaged), latency
 counted from each request's scheduled send time so a stall is not hidden (no coordinated omission).
-Also prints freshness (200 -> visible in SELECT) for headrace.
+Also prints freshness (200 -> visible in SELECT) for headrace, and the CPU each receiver spent per
+request during its throughput run (from /proc: steadier than req/s on a machine shared with other
+work; for headrace the server process and, apart, its pipeline processes).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 import psycopg
@@ -75,41 +78,103 @@ asyncio.run(main())
 '''
 
 
-def run_wrk(url: str, seconds: int, connections: int, workdir: Path) -> tuple[float, str]:
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (all its threads) so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def session_pids(session: int) -> list[int]:
+    """Processes of a session (headrace's server, pipeline and JVM share one)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[3]) == session:
+                pids.append(int(entry))
+    return pids
+
+
+class CpuMeter:
+    """CPU spent by a set of processes since the meter was made."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self._before = [cpu_seconds(pid) for pid in pids]
+
+    def seconds(self) -> float:
+        return sum(cpu_seconds(pid) - before for pid, before in zip(self.pids, self._before, strict=True))
+
+
+def run_wrk(url: str, seconds: int, connections: int, workdir: Path) -> tuple[float, str, int]:
+    """(requests/s, note on errors, requests completed)."""
     script = workdir / "post.lua"
     script.write_text(WRK_SCRIPT)
     result = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
                             capture_output=True, text=True, check=True)
     rate = next(float(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("Requests/sec"))
+    total = next(int(line.split()[0]) for line in result.stdout.splitlines() if "requests in" in line)
     non_2xx = [line.strip() for line in result.stdout.splitlines() if "Non-2xx" in line or "Socket errors" in line]
-    return rate, "; ".join(non_2xx) or "all 2xx"
+    return rate, "; ".join(non_2xx) or "all 2xx", total
+
+
+def cpu_note(meter: CpuMeter, requests: int) -> str:
+    return f"{meter.seconds() * 1e6 / max(1, requests):.0f} us CPU/request"
 
 
 async def fixed_rate(url: str, rate: float, seconds: float, connections: int = 64) -> tuple[list[float], int]:
-    """Open loop: request i is due at start + i/rate; its latency counts from then."""
-    latencies: list[float] = []
-    failures = 0
+    """Open loop: request i is due at start + i/rate; its latency counts from then (a slow answer
+    delays the requests queued behind it on its connection, and that delay is counted: no
+    coordinated omission). Raw HTTP/1.1 keep-alive over asyncio streams, request i on connection
+    i % connections: a client library would cost more CPU than the servers measured here."""
+    parsed = urlsplit(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
     total = int(rate * seconds)
     body_template = '{"customer":"c42","amount":1200,"currency":"usd","status":"paid","id":"%s"}'
+    head_template = (f"POST {parsed.path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                     "Idempotency-Key: %s\r\nContent-Length: %d\r\n\r\n")
     prefix = os.urandom(4).hex()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections)) as http:
-        start = time.perf_counter() + 0.1
+    latencies: list[float] = []
+    failures = 0
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.2
 
-        async def one(index: int) -> None:
-            nonlocal failures
-            due = start + index / rate
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            key = f"{prefix}-{index}"
-            async with http.post(url, data=body_template % key, headers={"Idempotency-Key": key,
-                                                                         "Content-Type": "application/json"}) as response:
-                await response.read()
-                if response.status != 200:
+    async def connection(first: int) -> None:
+        nonlocal failures
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            for index in range(first, total, connections):
+                due = start + index / rate
+                delay = due - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                key = f"{prefix}-{index}"
+                body = (body_template % key).encode()
+                writer.write((head_template % (key, len(body))).encode() + body)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                if length:
+                    await reader.readexactly(length)
+                if head[9:12] != b"200":
                     failures += 1
-            latencies.append(time.perf_counter() - due)
+                latencies.append(loop.time() - due)
+        finally:
+            writer.close()
 
-        await asyncio.gather(*(one(index) for index in range(total)))
+    await asyncio.gather(*(connection(first) for first in range(min(connections, total))))
     latencies.sort()
     return latencies, failures
 
@@ -229,9 +294,13 @@ def main() -> None:
                              "IDEMPOTENT (headers->>'idempotency-key')")
                 conn.execute("CREATE SOURCE fresh FROM WEBHOOK BODY FORMAT JSON IDEMPOTENT (body->>'seq')")
             time.sleep(args.warmup)
-            rate, note = run_wrk(server.webhook_url("load"), args.seconds, args.connections, workdir)
+            assert server.process is not None
+            server_cpu = CpuMeter([server.process.pid])
+            pipeline_cpu = CpuMeter([pid for pid in session_pids(server.process.pid) if pid != server.process.pid])
+            rate, note, total = run_wrk(server.webhook_url("load"), args.seconds, args.connections, workdir)
             results["headrace"] = rate
-            print(f"headrace       {rate:9,.0f} req/s durable ({note})", flush=True)
+            print(f"headrace       {rate:9,.0f} req/s durable ({note}; server {cpu_note(server_cpu, total)}, "
+                  f"pipeline {cpu_note(pipeline_cpu, total)})", flush=True)
             print(f"  latency {latency_run(server.webhook_url('load'), rate / 2, args.latency_seconds)}", flush=True)
             print(f"  freshness (200 -> visible in SELECT, 10 req/s): {freshness(server, args.freshness_samples)}",
                   flush=True)
@@ -240,9 +309,10 @@ def main() -> None:
 
         noop = Peer("noop")
         try:
-            rate, note = run_wrk(noop.url, args.seconds, args.connections, workdir)
+            noop_cpu = CpuMeter([noop.process.pid])
+            rate, note, total = run_wrk(noop.url, args.seconds, args.connections, workdir)
             results["noop"] = rate
-            print(f"no-op aiohttp  {rate:9,.0f} req/s ({note})", flush=True)
+            print(f"no-op aiohttp  {rate:9,.0f} req/s ({note}; {cpu_note(noop_cpu, total)})", flush=True)
             print(f"  latency {latency_run(noop.url, rate / 2, args.latency_seconds)}", flush=True)
         finally:
             noop.stop()
@@ -251,7 +321,7 @@ def main() -> None:
         try:
             peer = Peer("pg", postgres.dsn)
             try:
-                rate, note = run_wrk(peer.url, args.seconds, args.connections, workdir)
+                rate, note, _total = run_wrk(peer.url, args.seconds, args.connections, workdir)
                 results["postgres"] = rate
                 print(f"aiohttp+asyncpg {rate:8,.0f} req/s durable, INSERT ... ON CONFLICT DO NOTHING ({note})",
                       flush=True)

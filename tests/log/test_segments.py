@@ -8,6 +8,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from headrace.log.reader import read_records, scan_end
 from headrace.log.segments import (
@@ -291,3 +293,30 @@ def test_failed_preallocation_leaves_the_records_intact(tmp_path: Path, monkeypa
         log.sync()
     monkeypatch.undo()
     assert [payload for _, payload in read_all(tmp_path)] == [b"one", b"two"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sessions=st.lists(st.lists(st.lists(st.binary(min_size=1, max_size=200), max_size=6), max_size=4),
+                      min_size=1, max_size=4),
+    segment_bytes=st.sampled_from([16, 100, 700, 64 << 20]),
+    preallocate_bytes=st.sampled_from([0, 64, 256, 4096]),
+)
+def test_property_preallocated_logs_reopen_and_continue_exactly(
+    tmp_path_factory: pytest.TempPathFactory, sessions: list[list[list[bytes]]], segment_bytes: int,
+    preallocate_bytes: int,
+) -> None:
+    """Whatever the segment and preallocation sizes, closing and reopening between batches loses
+    nothing, invents nothing, and keeps rolled segments exact."""
+    directory = tmp_path_factory.mktemp("log")
+    expected: list[tuple[int, bytes]] = []
+    for batches in sessions:
+        with SegmentedLog(directory, segment_bytes=segment_bytes, preallocate_bytes=preallocate_bytes) as log:
+            assert log.end_offset == (expected[-1][0] + 8 + len(expected[-1][1]) if expected else 0)
+            for batch in batches:
+                expected += zip(log.append_offsets(batch), batch, strict=True)
+                log.sync()
+        assert read_all(directory) == expected
+    bases = list_segments(directory)
+    for base, later in zip(bases, bases[1:]):
+        assert segment_path(directory, base).stat().st_size == later - base

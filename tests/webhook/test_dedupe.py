@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -237,3 +241,105 @@ def test_live_rows_match_the_window_model(tmp_path_factory: pytest.TempPathFacto
     got = sorted((record.idempotency_key or "", int(record.body.split(b'"v": ')[1].rstrip(b"}")))
                  for record in live_rows(log_dir).values())
     assert got == want
+
+
+# -- write-behind (what the ingest path uses) -------------------------------------------------------
+
+
+def entry(n: int) -> tuple[bytes, KeyEntry]:
+    return key_hash(f"k{n}"), KeyEntry(n, body_hash(b"%d" % n), n * 100)
+
+
+def test_write_behind_keys_are_visible_at_once_and_committed_soon(tmp_path: Path) -> None:
+    index = DedupeIndex(tmp_path / INDEX_FILE, write_behind=True)
+    index.record([entry(1), entry(2)], covered_offset=200)
+    assert index.lookup([entry(1)[0], entry(2)[0], entry(3)[0]]) == dict([entry(1), entry(2)])
+    index.flush()
+    other = DedupeIndex(tmp_path / INDEX_FILE)  # another connection: only what is committed
+    assert other.lookup([entry(1)[0], entry(2)[0]]) == dict([entry(1), entry(2)])
+    other.close()
+    assert index.lookup([entry(1)[0]]) == dict([entry(1)])  # now read from SQLite
+    index.close()
+
+
+def test_write_behind_later_entries_win_across_flushes(tmp_path: Path) -> None:
+    index = DedupeIndex(tmp_path / INDEX_FILE, write_behind=True)
+    key = key_hash("same")
+    first, second = KeyEntry(1, b"a" * 8, 0), KeyEntry(2, b"b" * 8, 40)
+    index.record([(key, first)], covered_offset=40)
+    index.flush()
+    index.record([(key, second)], covered_offset=80)
+    assert index.lookup([key]) == {key: second}
+    index.close()  # commits what is queued
+    reopened = DedupeIndex(tmp_path / INDEX_FILE)
+    assert reopened.lookup([key]) == {key: second}
+    assert reopened.covered_offset == 80
+    reopened.close()
+
+
+def test_write_behind_waits_when_the_flusher_is_far_behind(tmp_path: Path) -> None:
+    path = tmp_path / INDEX_FILE
+    index = DedupeIndex(path, write_behind=True, max_behind=10)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds SQLite's write lock: nothing commits
+    finished = threading.Event()
+
+    def producer() -> None:
+        for batch in range(5):
+            index.record([entry(batch * 10 + n) for n in range(10)], covered_offset=(batch + 1) * 1000)
+        finished.set()
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    assert not finished.wait(0.5)  # the queue is over its bound: record() waits
+    assert index.lookup([entry(0)[0]]) == dict([entry(0)])  # lookups still answer meanwhile
+    blocker.execute("COMMIT")
+    assert finished.wait(10)
+    thread.join()
+    assert index.count() == 50
+    index.close()
+    blocker.close()
+
+
+_CRASH_AFTER_INGEST = """
+import asyncio, os, sys
+from pathlib import Path
+from headrace.catalog.items import WebhookSource
+from headrace.webhook.ingest import SourceIngestor
+
+async def main() -> None:
+    source = WebhookSource(id="u1", name="events", body_format="json", include_headers=False,
+                           idempotent_expr="body->>'id'", create_sql="CREATE SOURCE events FROM WEBHOOK BODY FORMAT JSON")
+    ingestor = SourceIngestor(source, Path(sys.argv[1]))
+    for n in range(20):
+        await ingestor.ingest([], b'{"id": %d}' % n, 100 + n)
+    print("acknowledged", flush=True)
+    os._exit(0)  # a crash: the index's queued entries were never committed
+
+asyncio.run(main())
+"""
+
+
+def test_entries_lost_from_the_write_behind_queue_are_caught_up_from_the_log(tmp_path: Path) -> None:
+    SegmentedLog(tmp_path).close()
+    DedupeIndex(tmp_path / INDEX_FILE).close()
+    blocker = sqlite3.connect(tmp_path / INDEX_FILE, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # the flusher cannot commit before the crash
+    result = subprocess.run([sys.executable, "-c", _CRASH_AFTER_INGEST, str(tmp_path)], capture_output=True,
+                            text=True, timeout=60)
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    assert result.stdout.strip() == "acknowledged", result.stderr
+    committed = DedupeIndex(tmp_path / INDEX_FILE)
+    assert committed.count() == 0  # none of the 20 keys reached SQLite
+    committed.close()
+
+    async def scenario() -> None:
+        ingestor = SourceIngestor(keyed_source(), tmp_path)  # catch_up replays the log
+        for n in range(20):
+            await ingestor.ingest([], b'{"id": %d}' % n, 200 + n)
+        assert (ingestor.metrics.rows_new, ingestor.metrics.rows_duplicate) == (0, 20)
+        await ingestor.close()
+
+    run(scenario())
+    assert len(live_rows(tmp_path)) == 20

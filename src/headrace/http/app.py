@@ -121,20 +121,14 @@ class _WebhookEndpoint:
                 or ingestor.in_flight >= settings.max_concurrent_requests_per_source):
             response = _text(429, "too many concurrent requests; retry later", retry_after_s=RETRY_AFTER_S)
             return self._rejected(ingestor, response, "overloaded", received_at_us, request.content_length or 0, started)
+        limit = settings.max_body_bytes
+        content_length = request.content_length
+        if content_length is not None and content_length > limit:
+            return self._rejected(ingestor, _text(413, f"request body exceeds {limit} bytes"), "too_large",
+                                  received_at_us, content_length, started)
+        # One coroutine for the whole request (this is the hot path): no helper coroutine per call.
         self.in_flight += 1
         ingestor.in_flight += 1
-        try:
-            return await self._ingest(request, ingestor, received_at_us, started)
-        finally:
-            self.in_flight -= 1
-            ingestor.in_flight -= 1
-
-    async def _ingest(self, request: web.Request, ingestor: SourceIngestor, received_at_us: int,
-                      started: float) -> web.StreamResponse:
-        limit = self.settings.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            return self._rejected(ingestor, _text(413, f"request body exceeds {limit} bytes"), "too_large",
-                                  received_at_us, request.content_length, started)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -144,26 +138,31 @@ class _WebhookEndpoint:
             raise
         except Exception:  # noqa: BLE001 - aiohttp's RequestPayloadError: a body that cannot be decoded
             return self._rejected(ingestor, _text(400, "request body could not be read or decoded"),
-                                  "invalid_body", received_at_us, request.content_length or 0, started)
-        size = len(body)
-        ingestor.metrics.bytes_received += size
-        try:
-            rows = len(await ingestor.ingest_rows(list(request.headers.items()), body, received_at_us))
-        except WebhookRejected as rejected:
-            return self._rejected(ingestor, _text(rejected.status, rejected.message), "invalid_body",
-                                  received_at_us, size, started)
-        except ServiceUnavailable as unavailable:
-            response = _text(503, unavailable.message, retry_after_s=unavailable.retry_after_s)
-            return self._rejected(ingestor, response, "unavailable", received_at_us, size, started)
-        except HeadraceError as error:
-            reason = "invalid_body" if error.http_status == 400 else "unavailable"
-            return self._rejected(ingestor, _text(error.http_status, error.message), reason, received_at_us, size, started)
-        latency = time.perf_counter() - started
-        metrics = ingestor.metrics
-        metrics.accepted += 1
-        metrics.observe_ack(latency)
-        ingestor.requests.add(received_at_us, 200, None, size, rows, latency)
-        return web.Response(status=200)
+                                  "invalid_body", received_at_us, content_length or 0, started)
+        else:
+            size = len(body)
+            metrics = ingestor.metrics
+            metrics.bytes_received += size
+            try:
+                rows = len(await ingestor.ingest_rows(list(request.headers.items()), body, received_at_us))
+            except WebhookRejected as rejected:
+                return self._rejected(ingestor, _text(rejected.status, rejected.message), "invalid_body",
+                                      received_at_us, size, started)
+            except ServiceUnavailable as unavailable:
+                response = _text(503, unavailable.message, retry_after_s=unavailable.retry_after_s)
+                return self._rejected(ingestor, response, "unavailable", received_at_us, size, started)
+            except HeadraceError as error:
+                reason = "invalid_body" if error.http_status == 400 else "unavailable"
+                return self._rejected(ingestor, _text(error.http_status, error.message), reason, received_at_us, size,
+                                      started)
+            latency = time.perf_counter() - started
+            metrics.accepted += 1
+            metrics.observe_ack(latency)
+            ingestor.requests.add(received_at_us, 200, None, size, rows, latency)
+            return web.Response(status=200)
+        finally:
+            self.in_flight -= 1
+            ingestor.in_flight -= 1
 
     @staticmethod
     def _rejected(ingestor: SourceIngestor, response: web.Response, reason: str, received_at_us: int,

@@ -75,11 +75,11 @@ class GroupCommitter:
         self._wakeup = threading.Condition(self._lock)
         self._pending: collections.deque[_Entry] = collections.deque()
         self._pending_items = 0
-        self._writer_waiting = False  # the writer sleeps on _wakeup: it must be notified
-        self._notify_scheduled = False  # a notify is queued on the event loop (loop thread only)
+        self._writer_waiting = False  # the writer sleeps on _wakeup: the next append notifies it
         self._closing = False
         self._writer: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._writer_done: asyncio.Future[None] | None = None  # resolved when the writer thread ends
         self._failure: str | None = None  # set after an fsync error: the log must be reopened
 
     @property
@@ -108,20 +108,12 @@ class GroupCommitter:
         with self._lock:
             self._pending.append((items, future))
             self._pending_items += len(items)
-            wake = self._writer_waiting and not self._notify_scheduled
-        if wake:
-            # Wake the writer once per turn of the event loop, not per request: the requests that
-            # arrive together (one epoll wake-up) become one batch, for one futex wake-up.
-            self._notify_scheduled = True
-            loop.call_soon(self._notify_writer)
-        return future
-
-    def _notify_writer(self) -> None:
-        self._notify_scheduled = False
-        with self._lock:
+            # One futex wake-up per idle period of the writer, not per request. At once, not at the
+            # end of this turn of the loop: the fsync then overlaps the loop's work on the others.
             if self._writer_waiting:
                 self._writer_waiting = False
                 self._wakeup.notify()
+        return future
 
     @property
     def queued(self) -> int:
@@ -133,13 +125,13 @@ class GroupCommitter:
         with self._lock:
             self._closing = True
             self._wakeup.notify()
-        writer = self._writer
-        if writer is not None:
-            await asyncio.to_thread(writer.join)
+        if self._writer_done is not None:
+            await asyncio.shield(self._writer_done)
 
     def _start(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self._writer_done = loop.create_future()
         # A daemon: a loop that ends without close() must not keep the process alive.
         self._writer = threading.Thread(target=self._write_forever, name="group-commit", daemon=True)
         self._writer.start()
@@ -148,12 +140,23 @@ class GroupCommitter:
     # -- the writer thread -------------------------------------------------------------------
 
     def _write_forever(self) -> None:
-        while True:
-            batch = self._next_batch()
-            if batch is None:
-                return
-            if batch:
-                self._commit(batch)
+        try:
+            while True:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                if batch:
+                    self._commit(batch)
+        except BaseException as error:  # a bug: never leave a waiter hanging, refuse later appends
+            self._failure = f"the log writer stopped: {error!r}"
+            with self._lock:
+                self._closing = True
+                orphans, self._pending = list(self._pending), collections.deque()
+                self._pending_items = 0
+            self._settle(orphans, None, self._failure)
+            raise
+        finally:
+            self._call_in_loop(_set_done, self._writer_done)
 
     def _next_batch(self) -> list[_Entry] | None:
         """Wait for work; then whole entries (a request's rows stay together) up to max_batch items,
@@ -218,11 +221,19 @@ class GroupCommitter:
 
     def _settle(self, batch: list[_Entry], offsets: list[int] | None, failure: str | None) -> None:
         """One wake-up of the event loop per batch."""
+        self._call_in_loop(_resolve, batch, offsets, failure)
+
+    def _call_in_loop(self, function: Any, *args: Any) -> None:
         assert self._loop is not None
         try:
-            self._loop.call_soon_threadsafe(_resolve, batch, offsets, failure)
+            self._loop.call_soon_threadsafe(function, *args)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _resolve(batch: list[_Entry], offsets: list[int] | None, failure: str | None) -> None:

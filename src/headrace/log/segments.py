@@ -43,6 +43,7 @@ MAX_PAYLOAD_BYTES = 256 << 20  # a header claiming more is garbage, not a record
 SEGMENT_SUFFIX = ".log"
 DEFAULT_PREALLOCATE_BYTES = 1 << 20  # one journal commit (and one ~1 MiB writeback) per MiB of records
 _READ_CHUNK_BYTES = 1 << 20
+_FIRST_READ_BYTES = 64 << 10  # a poll near the end reads little of the zeros past it; reads then grow
 _ZEROS = bytes(1 << 20)
 
 # Why a frame scan stopped.
@@ -96,6 +97,7 @@ class FrameScanner:
         buffer = b""
         view = memoryview(buffer)
         cursor = 0  # index in `buffer` of the byte at self.position
+        chunk_bytes = _FIRST_READ_BYTES
         while self._stop_position is None or self.position < self._stop_position:
             available = len(buffer) - cursor
             needed = HEADER_BYTES
@@ -118,7 +120,8 @@ class FrameScanner:
                     cursor += needed
                     continue
             # Not enough buffered for the next header or payload: read at least what is missing.
-            chunk = self._file.read(max(_READ_CHUNK_BYTES, needed - available))
+            chunk = self._file.read(max(chunk_bytes, needed - available))
+            chunk_bytes = min(chunk_bytes * 2, _READ_CHUNK_BYTES)
             if not chunk:
                 self.stop_reason = STOP_EOF if available == 0 else STOP_PARTIAL
                 return

@@ -153,6 +153,10 @@ def _bytes_rows(body: bytes) -> Rows:
 
 def _json_rows(body: bytes) -> Rows:
     text = _utf8(body, "JSON")
+    if text and text[0] not in _WHITESPACE:  # the common case first: one value, the whole body
+        value, end = _decode_at(text, 0)
+        if end == len(text):
+            return [(value, body)]  # its text re-encoded would be the body itself
     rows: Rows = []
     index = _skip_whitespace(text, 0)
     if index == len(text):
@@ -226,15 +230,15 @@ def _header_map(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
     """Header names lower-cased; a repeated header's values joined with ", " (as RFC 9110 allows)."""
     result: dict[str, str] = {}
     for name, value in headers:
-        name, value = _clean_text(name).lower(), _clean_text(value)
+        if not (name.isascii() and value.isascii()):  # rare: ASCII needs no cleaning (hot path)
+            name, value = _clean_text(name), _clean_text(value)
+        name = name.lower()
         result[name] = f"{result[name]}, {value}" if name in result else value
     return result
 
 
 def _clean_text(text: str) -> str:
     # HTTP parsers decode header bytes with surrogateescape; such text cannot be stored as UTF-8.
-    if text.isascii():  # nearly every header: no encoding needed to know
-        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -9,7 +9,6 @@ takes effect at the next request without re-creating anything."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -18,6 +17,7 @@ from pathlib import Path
 from headrace.catalog.items import DEFAULT_SCHEMA, Secret, WebhookSource
 from headrace.catalog.secrets import SecretStore
 from headrace.catalog.views import MaterializedView
+from headrace.durable import replace_file_durably
 
 CATALOG_FILE = "catalog.json"
 FORMAT_VERSION = 1
@@ -145,14 +145,4 @@ class Catalog:
             "secrets": [{"id": secret.id, "name": secret.name, "schema": secret.schema} for secret in self.secrets()],
             "views": [view.to_entry() for view in self.views()],
         }
-        temporary = self._path.with_suffix(".tmp")
-        with open(temporary, "w") as handle:
-            json.dump(document, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self._path)
-        directory = os.open(self._path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        replace_file_durably(self._path, json.dumps(document, indent=1).encode())

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import scramp
+
+from headrace.durable import replace_file_durably
 
 ROLES_FILE = "roles.json"
 FORMAT_VERSION = 1
@@ -172,17 +173,7 @@ class RoleCatalog:
                       for role in sorted(self._roles.values(), key=lambda role: role.oid)
                       if role.name != BOOTSTRAP_SUPERUSER or role.verifier is not None],
         }
-        temporary = self._path.with_suffix(".tmp")
-        with open(temporary, "w") as handle:
-            json.dump(document, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self._path)
-        directory = os.open(self._path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        replace_file_durably(self._path, json.dumps(document, indent=1).encode())
 
 
 def _verifier_text(password: str | None) -> str | None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import threading
 from pathlib import Path
+
+from headrace.durable import replace_file_durably
 
 SECRETS_FILE = "secrets.json"
 FORMAT_VERSION = 1
@@ -57,16 +58,4 @@ class SecretStore:
             return
         document = {"format": FORMAT_VERSION,
                     "values": {item_id: base64.b64encode(value).decode("ascii") for item_id, value in self._values.items()}}
-        temporary = self._path.with_suffix(".tmp")
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(descriptor, 0o600)  # also when a stale temporary file had wider permissions
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(json.dumps(document).encode("ascii"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self._path)
-        directory = os.open(self._path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        replace_file_durably(self._path, json.dumps(document).encode("ascii"), mode=0o600)

@@ -21,11 +21,11 @@ names {epoch, batch_id}, so `is_replayed_batch` recognises a batch Spark replays
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from headrace.durable import replace_file_durably
 from headrace.errors import InternalError
 
 _FORMAT_VERSION = 1
@@ -131,17 +131,7 @@ class RecoveryLog:
                               "driver_state": state.driver_state, "commits": state.commits},
                              separators=(",", ":")).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        with open(temporary, "wb") as file:
-            file.write(payload)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself must survive a power loss
-        finally:
-            os.close(directory)
+        replace_file_durably(self.path, payload, temporary=self.path.with_name(self.path.name + ".tmp"))
         self._state = state
 
 

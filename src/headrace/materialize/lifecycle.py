@@ -21,7 +21,8 @@ Rules (request stream, response stream, and the cross-stream rules that tie them
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
+from typing import Any
 
 from headrace.materialize.protocol import (
     Acknowledge,
@@ -73,6 +74,17 @@ def _name(kind: type | None) -> str:
     return "nothing" if kind is None else kind.__name__
 
 
+def _check_follows(kind: type, last: type | None, follows: Mapping[type, Any], side: str, opening: type) -> None:
+    """The one ordering rule shared by requests and responses: `kind` may only follow what its table allows."""
+    allowed = follows.get(kind)
+    if allowed is None:
+        raise ProtocolOrderError(f"{kind.__name__} is not a {side}")
+    if last is None:
+        raise ProtocolOrderError(f"{kind.__name__} sent before {opening.__name__}")
+    if last not in allowed:
+        raise ProtocolOrderError(f"{kind.__name__} must follow {_either(allowed)}, but follows {_name(last)}")
+
+
 def _either(kinds: tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
 
@@ -105,14 +117,7 @@ class TransactionLifecycle:
             self._last_response = None  # each control pair, and then the transactions, start afresh
             self._last_request = kind
             return
-        allowed = _REQUEST_FOLLOWS.get(kind)
-        if allowed is None:
-            raise ProtocolOrderError(f"{kind.__name__} is not a request")
-        if self._last_request is None:
-            raise ProtocolOrderError(f"{kind.__name__} sent before Open")
-        if self._last_request not in allowed:
-            raise ProtocolOrderError(
-                f"{kind.__name__} must follow {_either(allowed)}, but follows {_name(self._last_request)}")
+        _check_follows(kind, self._last_request, _REQUEST_FOLLOWS, "request", Open)
         if kind is Acknowledge:
             self._check_acknowledge()
             self._loaded_keys.clear()
@@ -154,14 +159,7 @@ class TransactionLifecycle:
                                          f"{_name(self._last_request)}")
             self._last_response = Opened
             return
-        allowed = _RESPONSE_FOLLOWS.get(kind)
-        if allowed is None:
-            raise ProtocolOrderError(f"{kind.__name__} is not a response")
-        if self._last_response is None:
-            raise ProtocolOrderError(f"{kind.__name__} sent before Opened")
-        if self._last_response not in allowed:
-            raise ProtocolOrderError(
-                f"{kind.__name__} must follow {_either(allowed)}, but follows {_name(self._last_response)}")
+        _check_follows(kind, self._last_response, _RESPONSE_FOLLOWS, "response", Opened)
         if kind is Loaded:
             assert isinstance(msg, Loaded)
             identity = key_identity(msg.binding, msg.key)

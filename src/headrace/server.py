@@ -93,7 +93,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     for source in catalog.sources():
         await resources.ensure(source)
     web_state.ready = True
-    _remove_orphans(layout, {source.id for source in catalog.sources()})
+    _remove_orphans(layout, {item.id for item in [*catalog.sources(), *catalog.tables()]})
 
     driver_server = await start_driver_server("127.0.0.1", 0, lambda _open: ServingTransactor(store),
                                               connector=ServingConnector(store))
@@ -104,12 +104,14 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
                               system_tables=SystemTables(registry), on_views_changed=supervisor.update_views)
     # Materialized views: restore what a crash left half-made (tables, public relations), inputs first.
     await asyncio.get_running_loop().run_in_executor(executor, coordinator.views.ensure_all)
+    await coordinator.tables.open_all()  # tables: store tables, public relations, logs (coordinator/tables.py)
     adapter = AdapterClient(coordinator)
     security = SecurityConfig(parse_auth_rules(config.auth), roles,
                               make_tls_context(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None)
     set_sql_adapter(http_app, adapter, security)  # the HTTP SQL API answers 503 until now
     pg_server = await start_pgwire_server(adapter, config.host, config.pg_port, security)
-    await supervisor.start(catalog.sources(), coordinator.views.in_dependency_order())
+    await supervisor.start([*catalog.sources(), *catalog.tables()],  # type: ignore[list-item]
+                           coordinator.views.in_dependency_order())
 
     print(f"headrace is up (data in {layout.root})", flush=True)
     print(f"  SQL:      psql -h {config.host} -p {config.pg_port} -U headrace headrace", flush=True)
@@ -127,6 +129,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
         await supervisor.stop()
         driver_server.close()
         await registry.close_all()
+        await coordinator.tables.close_all()
         executor.shutdown(wait=True)
         store.close()
         os.close(lock)
@@ -142,7 +145,7 @@ def _remove_orphans(layout: DataLayout, live_ids: set[str]) -> None:
     checkpoints = layout.root / "pipeline" / "checkpoints"
     if checkpoints.exists():
         for entry in checkpoints.iterdir():
-            if entry.name.removeprefix("source_") not in live_ids:
+            if entry.name.removeprefix("source_").removeprefix("table_") not in live_ids:
                 shutil.rmtree(entry, ignore_errors=True)
 
 

@@ -72,13 +72,17 @@ def test_concurrency_limits_answer_429_with_retry_after(tmp_path: Path, monkeypa
         ingestor = registry.add(webhook_source("orders"), tmp_path / "u1")
         registry.add(webhook_source("other", source_id="u2"), tmp_path / "u2")
         release = asyncio.Event()
-        original = ingestor.ingest_rows
+        original = ingestor.submit
 
-        async def slow(*args: object) -> list[int]:
-            await release.wait()
-            return await original(*args)  # type: ignore[arg-type]
+        def slow(*args: object) -> asyncio.Future[list[int]]:
+            async def later() -> list[int]:
+                await release.wait()
+                pending = original(*args)  # type: ignore[arg-type]
+                return pending if isinstance(pending, list) else await pending
 
-        monkeypatch.setattr(ingestor, "ingest_rows", slow)
+            return asyncio.ensure_future(later())  # durable only once released
+
+        monkeypatch.setattr(ingestor, "submit", slow)
         runner, base = await start(registry)
         async with aiohttp.ClientSession() as http:
             held = [asyncio.create_task(http.post(f"{base}/api/webhook/headrace/public/orders", data=b"{}"))

@@ -184,15 +184,15 @@ def test_flush_is_never_sent_before_acknowledged() -> None:
 
 def test_store_and_start_commit_follow_flush_or_store() -> None:
     machine = opened_and_acknowledged()
-    with pytest.raises(ProtocolOrderError, match="Store must follow Flush or Store, but follows Acknowledge"):
+    with pytest.raises(ProtocolOrderError, match="Store must follow Flush or Store or StoreColumns, but follows Acknowledge"):
         machine.on_request(store())
-    with pytest.raises(ProtocolOrderError, match="StartCommit must follow Flush or Store, but follows "
+    with pytest.raises(ProtocolOrderError, match="StartCommit must follow Flush or Store or StoreColumns, but follows "
                                                  "Acknowledge"):
         machine.on_request(StartCommit({}))
     flushed(machine)
     machine.on_request(store())
     machine.on_request(StartCommit({}))
-    with pytest.raises(ProtocolOrderError, match="Store must follow Flush or Store, but follows StartCommit"):
+    with pytest.raises(ProtocolOrderError, match="Store must follow Flush or Store or StoreColumns, but follows StartCommit"):
         machine.on_request(store())
 
 

@@ -245,7 +245,7 @@ def test_a_failing_store_is_a_driver_error_and_commits_nothing(server: DriverSer
     (["OPEN", {"type": "Flush"}], "Flush must follow Acknowledge or Load, but follows Open"),
     (["OPEN", {"type": "Acknowledge"}, {"type": "Store", "binding": 0, "key": ["a"], "values": [1, 2],
                                         "doc": None, "exists": False}],
-     "Store must follow Flush or Store, but follows Acknowledge"),
+     "Store must follow Flush or Store or StoreColumns, but follows Acknowledge"),
     (["OPEN", {"type": "Acknowledge"}, {"type": "Load", "binding": 0, "key": ["a"]},
       {"type": "Load", "binding": 0, "key": ["a"]}], r"key \['a'\] sent twice"),
 ])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from headrace.catalog.items import DEFAULT_SCHEMA, Secret, WebhookSource
 from headrace.catalog.secrets import SecretStore
+from headrace.catalog.tables import Table
 from headrace.catalog.views import MaterializedView
 from headrace.durable import replace_file_durably
 
@@ -34,6 +35,7 @@ class Catalog:
         self._items: dict[str, WebhookSource] = {}
         self._secrets: dict[str, Secret] = {}
         self._views: dict[str, MaterializedView] = {}  # CREATE MATERIALIZED VIEW (coordinator/views.py)
+        self._tables: dict[str, Table] = {}  # CREATE TABLE (coordinator/tables.py), rebuilt from create_sql
         self.secret_values = secrets if secrets is not None else SecretStore(data_dir)
         if self._path.exists():
             stored = json.loads(self._path.read_text())
@@ -47,6 +49,11 @@ class Catalog:
             for entry in stored.get("views", ()):
                 view = MaterializedView.from_entry(entry)
                 self._views[view.id] = view
+            for entry in stored.get("tables", ()):
+                from headrace.sql.table_statements import table_from_create_sql  # sql imports catalog
+
+                table = table_from_create_sql(entry["id"], entry["create_sql"])
+                self._tables[table.id] = table
         self.secret_values.retain(set(self._secrets))
 
     def allocate_id(self) -> str:
@@ -98,6 +105,23 @@ class Catalog:
             self._views.pop(view_id, None)
             self._persist()
 
+    # ---- tables ---------------------------------------------------------------------------------
+    def tables(self) -> list[Table]:
+        return sorted(self._tables.values(), key=lambda item: int(item.id[1:]))
+
+    def find_table(self, schema: str, name: str) -> Table | None:
+        return next((t for t in self._tables.values() if t.schema == schema and t.name == name), None)
+
+    def add_table(self, table: Table) -> None:
+        with self._lock:
+            self._tables[table.id] = table
+            self._persist()
+
+    def remove_table(self, table_id: str) -> None:
+        with self._lock:
+            self._tables.pop(table_id, None)
+            self._persist()
+
     # ---- secrets --------------------------------------------------------------------------------
     def secrets(self) -> list[Secret]:
         return sorted(self._secrets.values(), key=lambda item: int(item.id[1:]))
@@ -144,5 +168,6 @@ class Catalog:
             "items": [{"id": item.id, "create_sql": item.create_sql} for item in self.sources()],
             "secrets": [{"id": secret.id, "name": secret.name, "schema": secret.schema} for secret in self.secrets()],
             "views": [view.to_entry() for view in self.views()],
+            "tables": [table.to_entry() for table in self.tables()],
         }
         replace_file_durably(self._path, json.dumps(document, indent=1).encode())

@@ -14,10 +14,12 @@ from headrace.coordinator.responses import (
     ExecuteResponse,
     Fetch,
     StatementDescription,
+    Subscribing,
 )
 from headrace.coordinator.session_sql import fetch_rows, portal_columns
 from headrace.coordinator.session import REPORTED_VARIABLES, Session, TransactionStatus, default_variables
 from headrace.errors import HeadraceError, InternalError
+from headrace.pgwire.types.time_zone import bind_session_variables
 from headrace.catalog.items import DEFAULT_DATABASE
 from headrace.sql.parser import split_statements
 
@@ -83,14 +85,18 @@ class SessionClient:
         and its rows come back tagged FETCH (seed 004's outer and inner execute)."""
         found = self._session.get_portal(portal)
         self._cancel = cancel
+        streaming = False
         try:
             with self._possession():
                 response = await self._coordinator.execute(self._session, found, max_rows, cancel)
                 if isinstance(response, Fetch):
                     return await fetch_rows(self._coordinator, self._session, response, cancel)
+                if isinstance(response, Subscribing):
+                    streaming = True  # it goes on after this returns: a CancelRequest must still reach it
                 return response
         finally:
-            self._cancel = None
+            if not streaming:
+                self._cancel = None
 
     async def insert_rows(self, target: CopyFrom, rows: list[tuple[object, ...]],
                           cancel: asyncio.Event | None = None) -> CommandComplete:
@@ -154,6 +160,7 @@ class AdapterClient:
             if key in variables and key not in ("server_version", "server_version_num", "is_superuser"):
                 variables[key] = value
         client = SessionClient(self._coordinator, Session(user=user, database=database, variables=variables), self)
+        bind_session_variables(variables)  # timestamptz text in this session's TimeZone (this task serves it)
         self._sessions[client.connection_id] = client
         return client
 

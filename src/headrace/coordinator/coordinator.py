@@ -34,12 +34,15 @@ from headrace.coordinator.session import (
 )
 from headrace.coordinator.plan_cache import CursorPool, PlanCache, reusable_cursor, runs_inline
 from headrace.coordinator.roles import ROLE_STATEMENTS, execute_role_statement
-from headrace.coordinator.copy import SourcesAreNotTables
 from headrace.coordinator.session_sql import SESSION_STATEMENTS, SessionStatements
 from headrace.coordinator.subscribe import Subscriptions
+from headrace.coordinator.fast_path import FastPath, FastStatement
+from headrace.coordinator import indexes as index_ddl
 from headrace.coordinator.ddl_sources import SourceDdl, handles as is_source_ddl
 from headrace.coordinator.sources import SourceResources
 from headrace.coordinator import views as view_ddl
+from headrace.coordinator import tables as table_ddl
+from headrace.pipeline.table_views import table_relation
 from headrace.errors import (
     DuplicateObject,
     FeatureNotSupported,
@@ -70,7 +73,8 @@ class Coordinator:
         self.roles = roles if roles is not None else RoleCatalog(None)  # CREATE ROLE; pg_roles reads list_roles()
         self.resources = resources
         self.executor = executor
-        self._on_sources_changed = on_sources_changed
+        # The pipeline's control message carries tables beside sources (items with id and create_sql).
+        self._on_sources_changed = lambda sources: on_sources_changed([*sources, *catalog.tables()])  # type: ignore[list-item]
         self._ddl_lock = asyncio.Lock()
         # CREATE/ALTER/DROP SOURCE and SECRET, SHOW SECRETS (coordinator/ddl_sources.py)
         self.source_ddl = SourceDdl(catalog, resources, self._ddl_lock, self._on_sources_changed)
@@ -79,22 +83,40 @@ class Coordinator:
                                       resources.layout.root / "pipeline" / "checkpoints", on_views_changed)
         self.source_ddl.views = self.views  # DROP SOURCE refused / CASCADE while views read it
         # PREPARE / DECLARE / FETCH / COPY / SET / BEGIN ... (coordinator/session_sql.py)
-        self.session_sql = SessionStatements(self, SourcesAreNotTables(catalog))
+        # CREATE / DROP TABLE, INSERT / UPDATE / DELETE / COPY FROM, read-your-writes (coordinator/tables.py)
+        self.tables = table_ddl.Tables(catalog, resources.store, executor, resources.layout.root, self._ddl_lock,
+                                       lambda: self._on_sources_changed(catalog.sources()), self._relation_exists)
+        self.tables.views = self.views
+        view_lookup = self.views.lookup  # materialized views may read tables too (pipeline/table_views.py)
+        self.views.lookup = lambda schema, name: (  # type: ignore[method-assign]
+            table_relation(table) if (table := catalog.find_table(schema, name)) is not None
+            else view_lookup(schema, name))
+        self.session_sql = SessionStatements(self, self.tables)
         # pg_catalog / information_schema generated from the catalog and roles (catalog/system)
-        self.system_catalog = SystemCatalog(resources.store, catalog.sources, roles=self.roles.list_roles)
+        self.system_catalog = SystemCatalog(resources.store, lambda: [*catalog.sources(), *catalog.tables(), *catalog.views()],
+                                            roles=self.roles.list_roles)
         # SELECT fast path: plans by text (valid while the catalog is unchanged), pooled cursors
-        self.plan_cache = PlanCache(lambda: tuple((item.id, item.create_sql) for item in [*catalog.sources(), *catalog.views()]))
+        self.plan_cache = PlanCache(lambda: tuple((item.id, item.create_sql) for item in [*catalog.sources(), *catalog.views(), *catalog.tables()]))
         self.cursors = CursorPool(resources.store)
         # SUBSCRIBE over the serving store's changelogs (coordinator/subscribe.py)
         self.subscriptions = Subscriptions(resources.store, executor, catalog, self.views.plan)
+        # CREATE / DROP / SHOW INDEX[ES]: in-memory arrangements answering point lookups (coordinator/fast_path.py)
+        self.indexes = index_ddl.IndexDdl(catalog, resources.store, executor, self.subscriptions, resources.layout.root)
+        self.fast_path = FastPath(self.indexes)
+        self.system_catalog.indexes = self.indexes.catalog.all  # pg_index / pg_indexes list them (psql: \d)
+        self.plan_cache.also_keyed_by = self.fast_path.generation
 
     # ---- prepare ------------------------------------------------------------------------------
     async def prepare(self, session: Session, name: str, sql: str, param_types: Sequence[int]) -> PreparedStatement:
         if not sql.strip().strip(";").strip():
             return PreparedStatement(sql=sql, ast=None, description=StatementDescription((), None))
-        cached = self.plan_cache.get(sql, param_types)  # the fast path (coordinator/plan_cache.py)
+        fingerprint = self.plan_cache.fingerprint()
+        cached = self.plan_cache.get(sql, param_types, fingerprint)  # the fast path (coordinator/plan_cache.py)
         if cached is not None:
             return cached
+        fast = self.fast_path.prepare(sql, param_types, fingerprint)  # a known lookup shape, other literals
+        if fast is not None:
+            return fast
         ast = parse_statement(sql)
         if isinstance(ast, SESSION_STATEMENTS):
             return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))
@@ -110,14 +132,19 @@ class Coordinator:
                 columns = await self._run(describe_query, self.resources.store, plan)
             statement = PreparedStatement(sql, ast, StatementDescription(plan.param_types, columns), plan)
             if plan is unbound:
+                statement = self.fast_path.learn(sql, param_types, ast, statement, fingerprint)
                 self.plan_cache.put(sql, param_types, statement)
             return statement
+        if table_ddl.handles(ast):
+            return PreparedStatement(sql, ast, await self.tables.describe(ast, param_types))
         if isinstance(ast, SubscribeStatement):
             return PreparedStatement(sql, ast, StatementDescription(tuple(param_types),
                                                                     await self.subscriptions.describe(ast)))
         return PreparedStatement(sql, ast, StatementDescription(tuple(param_types), self._static_columns(ast)))
 
     def _static_columns(self, ast: exp.Expr) -> tuple[Column, ...] | None:
+        if index_ddl.handles(ast):
+            return index_ddl.SHOW_COLUMNS if isinstance(ast, ShowObjects) else None
         if view_ddl.handles(ast):
             return self.views.columns(ast)
         if isinstance(ast, ShowObjects) and ast.args.get("kind") == "secret":
@@ -138,6 +165,10 @@ class Coordinator:
                 and not (isinstance(ast, SavepointStatement) and ast.args["action"] == "rollback_to"):
             raise HeadraceError("current transaction is aborted, commands ignored until end of transaction block",
                                 sqlstate=AbortedTransaction)
+        if statement.plan is not None or isinstance(statement, FastStatement) or isinstance(ast, SubscribeStatement):
+            await self.tables.wait_visible(statement.sql)  # read-your-writes of tables (coordinator/tables.py)
+        if isinstance(statement, FastStatement):  # answered from an index (coordinator/fast_path.py)
+            return await self.fast_path.execute(self, session, portal, max_rows, cancel)
         if statement.plan is not None:
             if statement.plan.reads_system_catalog:
                 await self._run(self.system_catalog.refresh)
@@ -146,7 +177,9 @@ class Coordinator:
             portal.columns = columns
             portal.pending_rows = rows
             return _next_rows(portal, max_rows)
-        if isinstance(ast, SESSION_STATEMENTS):
+        if table_ddl.handles(ast):
+            response = await self.tables.execute(session, ast, statement.sql, portal.params)
+        elif isinstance(ast, SESSION_STATEMENTS):
             response = await self.session_sql.execute(session, ast, cancel)
         else:
             response = await self._execute_command(session, ast, statement.sql)
@@ -157,6 +190,8 @@ class Coordinator:
         return response
 
     async def _execute_command(self, session: Session, ast: exp.Expr, sql: str) -> ExecuteResponse:
+        if index_ddl.handles(ast):
+            return await self.indexes.execute(ast, sql)
         if is_source_ddl(ast):
             return await self.source_ddl.execute(ast)
         if view_ddl.handles(ast):
@@ -181,7 +216,7 @@ class Coordinator:
             return True
         if self.views.is_system_relation(schema, name) or self.catalog.find_view(schema, name) is not None:
             return True
-        return self.catalog.find(schema, name) is not None
+        return self.catalog.find(schema, name) is not None or self.catalog.find_table(schema, name) is not None
 
     async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)

@@ -38,12 +38,20 @@ class PlanCache:
         self._entries: OrderedDict[tuple[str, tuple[int, ...], Hashable], PreparedStatement] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        # Also part of the key: e.g. the index catalog's generation (a new index makes new fast plans).
+        self.also_keyed_by: Callable[[], Hashable] | None = None
 
-    def _key(self, sql: str, param_types: Sequence[int]) -> tuple[str, tuple[int, ...], Hashable]:
-        return (sql, tuple(param_types), self._fingerprint())
+    def fingerprint(self) -> Hashable:
+        extra = self.also_keyed_by
+        return self._fingerprint() if extra is None else (self._fingerprint(), extra())
 
-    def get(self, sql: str, param_types: Sequence[int]) -> PreparedStatement | None:
-        key = self._key(sql, param_types)
+    def _key(self, sql: str, param_types: Sequence[int],
+             fingerprint: Hashable | None = None) -> tuple[str, tuple[int, ...], Hashable]:
+        return (sql, tuple(param_types), self.fingerprint() if fingerprint is None else fingerprint)
+
+    def get(self, sql: str, param_types: Sequence[int], fingerprint: Hashable | None = None) -> PreparedStatement | None:
+        """`fingerprint`: the caller's self.fingerprint() of this moment, if it has one (it is not free)."""
+        key = self._key(sql, param_types, fingerprint)
         found = self._entries.get(key)
         if found is None:
             self.misses += 1

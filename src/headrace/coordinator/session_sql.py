@@ -97,9 +97,9 @@ class SessionStatements:
         if isinstance(ast, exp.Transaction):
             return self._begin(session, ast)
         if isinstance(ast, exp.Commit):
-            return self._end(session, commit=True)
+            return await self._end(session, commit=True)
         if isinstance(ast, exp.Rollback):
-            return self._end(session, commit=False)
+            return await self._end(session, commit=False)
         if isinstance(ast, SetVariable):
             return execute_set(session, ast)
         if isinstance(ast, SetTransaction):
@@ -137,10 +137,13 @@ class SessionStatements:
                 execute_set_transaction(session, SetTransaction(modes=[mode]))
         return CommandComplete("BEGIN")
 
-    def _end(self, session: Session, *, commit: bool) -> CommandComplete:
+    async def _end(self, session: Session, *, commit: bool) -> CommandComplete:
         if session.transaction is TransactionStatus.IDLE:
             return CommandComplete("COMMIT" if commit else "ROLLBACK", ("there is no transaction in progress",))
         committed = commit and session.transaction is TransactionStatus.IN_BLOCK
+        end_writes = getattr(self.targets, "end_transaction", None)  # tables: COMMIT appends the block's writes
+        if end_writes is not None:
+            await end_writes(session, committed)  # a failed COMMIT ends the block rolled back, then raises
         _savepoints(session).clear()
         session.end_transaction(committed=committed)
         return CommandComplete("COMMIT" if committed else "ROLLBACK")

@@ -62,6 +62,13 @@ def source_target(source: Any) -> SubscribeTarget:
                            f"SELECT hr_timestamp, hr_diff, {columns} FROM {INPUT}")
 
 
+def table_target(table: Any) -> SubscribeTarget:
+    """A table's declared columns (its hidden row id, if any, stays hidden), as its public relation shows them."""
+    columns = ", ".join(quote_ident(column) for column in table.column_names())
+    return SubscribeTarget(("headrace_internal", table.materialization), table.materialization,
+                           f"SELECT hr_timestamp, hr_diff, {columns} FROM {INPUT}")
+
+
 def view_target(plan: Any, view_id: str) -> SubscribeTarget:
     """The view's public relation (sql/view_serving.py) re-aimed at the input: outputs as SELECT * shows them."""
     create = exp.maybe_parse(public_relation_sql(plan, view_id), dialect="duckdb")
@@ -120,6 +127,10 @@ class Subscriptions:
         view = self.catalog.find_view(schema or "public", name)
         if view is not None:
             return view_target(self._view_plan(view), view.id)
+        find_table = getattr(self.catalog, "find_table", None)  # CREATE TABLE (coordinator/tables.py)
+        table = find_table(schema or "public", name) if find_table is not None else None
+        if table is not None:
+            return table_target(table)
         shown = f"{schema}.{name}" if schema else name
         raise UndefinedObject(f'unknown catalog item \'{shown}\'')
 

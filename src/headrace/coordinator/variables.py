@@ -10,6 +10,7 @@ from __future__ import annotations
 from headrace.coordinator.responses import Column, CommandComplete, SendingRows
 from headrace.coordinator.session import REPORTED_VARIABLES, Session
 from headrace.errors import HeadraceError, InvalidParameterValue
+from headrace.pgwire.types.time_zone import canonical_zone_name, zone_named
 from headrace.sql.ast import ResetVariable, SetTransaction, SetVariable
 from headrace.sql.types import TEXT_OID
 
@@ -86,10 +87,7 @@ def _canonical(name: str, values: list[str]) -> str:
     if name == "timezone":
         if len(values) != 1:
             raise InvalidParameterValue("SET TIME ZONE takes only one argument")
-        value = values[0]
-        # Kept as given: timestamptz values always travel with their offset (+00), so clients read
-        # the right instant whatever the session's zone says.
-        return "UTC" if value.upper() in ("UTC", "GMT", "Z", "ETC/UTC", "ZULU", "UCT", "0") else value
+        return _time_zone(values[0])
     if name == "client_encoding":
         if values[0].replace("-", "").replace("_", "").upper() not in ("UTF8", "UNICODE"):
             raise InvalidParameterValue(f'invalid value for parameter "client_encoding": "{values[0]}"',
@@ -103,6 +101,16 @@ def _canonical(name: str, values: list[str]) -> str:
     if name == "datestyle":
         return _datestyle(values)
     return ", ".join(values)
+
+
+def _time_zone(value: str) -> str:
+    """A TimeZone setting as SHOW answers it: UTC, an IANA name in its canonical spelling, or hours as given.
+    timestamptz text values are then written in this zone (pgwire/types/time_zone.py)."""
+    try:
+        zone_named(value)
+    except ValueError:
+        raise InvalidParameterValue(f'invalid value for parameter "TimeZone": "{value}"') from None
+    return canonical_zone_name(value) or value
 
 
 def _datestyle(values: list[str]) -> str:

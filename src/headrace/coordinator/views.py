@@ -143,7 +143,7 @@ class ViewDdl:
                     return CommandComplete("CREATE MATERIALIZED VIEW", (f'relation "{name}" already exists, skipping',))
                 raise DuplicateObject(f'relation "{name}" already exists')
             plan = compile_view(ast, self.lookup)  # refuses here, before anything is recorded
-            if plan.input.kind != "source":
+            if plan.input.kind not in ("source", "table"):  # a table's changes are known before its transaction too
                 # Maintaining B over A in A's transaction needs A's changes after its Loads, i.e. a second
                 # round of Loads the protocol does not have; a chained transaction is not built yet.
                 raise ViewRefused(f'materialized view "{name}" reads {plan.input.kind} "{plan.input.name}": '

@@ -10,37 +10,33 @@ POST /api/webhook/{database}/{schema}/{name}
     log cannot be written.
 GET /metrics
     Prometheus text format (per-source counters and the ack latency histogram).
+
+`run_http` listens with http/fast_ingest.py's protocol, which answers plain webhook POSTs itself
+and hands every other connection (with its bytes) to this aiohttp app. Both answer webhooks
+through the same WebhookEndpoint (http/webhook_endpoint.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from headrace.errors import HeadraceError, ServiceUnavailable
+from headrace.http.fast_ingest import HttpFront, start_front
 from headrace.http.sql_api import add_sql_routes
-from headrace.webhook.handler import WebhookRejected
-from headrace.webhook.ingest import IngestRegistry, SourceIngestor
+from headrace.http.webhook_endpoint import Reply, ServerState, WebhookEndpoint
+from headrace.webhook.ingest import IngestRegistry
 from headrace.webhook.metrics import WebhookCollector
+
+__all__ = ["MAX_BODY_BYTES", "ServerState", "make_app", "run_http"]
 
 MAX_BODY_BYTES = 5 << 20  # the default of IngestSettings.max_body_bytes, as Materialize
 WEBHOOK_ROUTE = "/api/webhook/{database}/{schema}/{name}"
-RETRY_AFTER_S = 1
-
-
-@dataclass
-class ServerState:
-    """Whether the server takes webhooks: False while starting and once shutting down."""
-
-    ready: bool = False
-    stopping: bool = False
-
 
 _REGISTRY: web.AppKey[IngestRegistry] = web.AppKey("headrace_ingest_registry", IngestRegistry)
+_ENDPOINT: web.AppKey[WebhookEndpoint] = web.AppKey("headrace_webhook_endpoint", WebhookEndpoint)
 
 
 def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerState = lambda: True) -> web.Application:
@@ -48,9 +44,10 @@ def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerStat
     settings = registry.settings
     # aiohttp enforces client_max_size on the decoded body as it reads, chunked or not.
     app = web.Application(client_max_size=settings.max_body_bytes)
-    endpoint = _WebhookEndpoint(registry, ready)
+    endpoint = WebhookEndpoint(registry, ready)
     app[_REGISTRY] = registry
-    app.router.add_route("*", WEBHOOK_ROUTE, endpoint.handle)
+    app[_ENDPOINT] = endpoint
+    app.router.add_route("*", WEBHOOK_ROUTE, _AiohttpWebhook(endpoint).handle)
     metrics_registry = CollectorRegistry(auto_describe=False)
     metrics_registry.register(WebhookCollector(lambda: [(key, ingestor.metrics) for key, ingestor in registry.items()]))
 
@@ -64,109 +61,60 @@ def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerStat
     return app
 
 
-async def run_http(app: web.Application, host: str, port: int) -> web.AppRunner:
-    """Start serving `app` on host:port (port 0 picks a free one: see runner.addresses)."""
+async def run_http(app: web.Application, host: str, port: int) -> HttpFront:
+    """Start serving `app` on host:port (port 0 picks a free one: see .addresses); `cleanup()` stops."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
     try:
-        await site.start()
+        return await start_front(app[_ENDPOINT], runner, host, port)
     except BaseException:
         await runner.cleanup()
         raise
-    return runner
 
 
-def _text(status: int, message: str, *, retry_after_s: int | None = None) -> web.Response:
-    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    return web.Response(status=status, text=message, headers=headers)
+def _response(reply: Reply) -> web.Response:
+    headers = {}
+    if reply.retry_after_s is not None:
+        headers["Retry-After"] = str(reply.retry_after_s)
+    if reply.allow is not None:
+        headers["Allow"] = reply.allow
+    if reply.status == 200 and not reply.text:
+        return web.Response(status=200, headers=headers or None)
+    return web.Response(status=reply.status, text=reply.text, headers=headers or None)
 
 
-class _WebhookEndpoint:
-    def __init__(self, registry: IngestRegistry, ready: Callable[[], bool] | ServerState) -> None:
-        self.registry = registry
-        self.settings = registry.settings
-        if isinstance(ready, ServerState):
-            state = ready
-            self._ready: Callable[[], bool] = lambda: state.ready and not state.stopping
-            self._state: ServerState | None = state
-        else:
-            self._ready = ready
-            self._state = None
-        self.in_flight = 0
+class _AiohttpWebhook:
+    """The webhook route for what the fast front hands over (compressed bodies, Expect, ...)."""
+
+    def __init__(self, endpoint: WebhookEndpoint) -> None:
+        self.endpoint = endpoint
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         received_at_us = time.time_ns() // 1000  # arrival time (seed 002's NowFn), before the body is read
         started = time.perf_counter()
-        match = request.match_info
-        if request.method != "POST":
-            response = web.Response(status=405, text=f"method {request.method} is not allowed; use POST",
-                                    headers={"Allow": "POST"})
-            known = self.registry.lookup(match["database"], match["schema"], match["name"])
-            if known is None:
-                return response
-            known.metrics.received += 1
-            return self._rejected(known, response, "method_not_allowed", received_at_us, 0, started)
-        if not self._ready():
-            stopping = self._state is not None and self._state.stopping
-            return _text(503, "headrace is shutting down; retry later" if stopping else "headrace is starting; retry later",
-                         retry_after_s=RETRY_AFTER_S)
-        # aiohttp has percent-decoded the path segments already.
-        ingestor = self.registry.lookup(match["database"], match["schema"], match["name"])
-        if ingestor is None:
-            return _text(404, f"unknown webhook source {match['database']}.{match['schema']}.{match['name']}")
-        ingestor.metrics.received += 1
-        settings = self.settings
-        if (self.in_flight >= settings.max_concurrent_requests
-                or ingestor.in_flight >= settings.max_concurrent_requests_per_source):
-            response = _text(429, "too many concurrent requests; retry later", retry_after_s=RETRY_AFTER_S)
-            return self._rejected(ingestor, response, "overloaded", received_at_us, request.content_length or 0, started)
-        limit = settings.max_body_bytes
-        content_length = request.content_length
-        if content_length is not None and content_length > limit:
-            return self._rejected(ingestor, _text(413, f"request body exceeds {limit} bytes"), "too_large",
-                                  received_at_us, content_length, started)
-        # One coroutine for the whole request (this is the hot path): no helper coroutine per call.
-        self.in_flight += 1
-        ingestor.in_flight += 1
+        match = request.match_info  # aiohttp has percent-decoded the path segments already
+        endpoint = self.endpoint
+        admitted = endpoint.admit(request.method, match["database"], match["schema"], match["name"],
+                                  request.content_length, received_at_us, started)
+        if isinstance(admitted, Reply):
+            return _response(admitted)
+        ingestor = admitted
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._rejected(ingestor, _text(413, f"request body exceeds {limit} bytes"), "too_large",
-                                  received_at_us, limit, started)
-        except web.HTTPException:
-            raise
-        except Exception:  # noqa: BLE001 - aiohttp's RequestPayloadError: a body that cannot be decoded
-            return self._rejected(ingestor, _text(400, "request body could not be read or decoded"),
-                                  "invalid_body", received_at_us, content_length or 0, started)
-        else:
-            size = len(body)
-            metrics = ingestor.metrics
-            metrics.bytes_received += size
             try:
-                rows = len(await ingestor.ingest_rows(list(request.headers.items()), body, received_at_us))
-            except WebhookRejected as rejected:
-                return self._rejected(ingestor, _text(rejected.status, rejected.message), "invalid_body",
-                                      received_at_us, size, started)
-            except ServiceUnavailable as unavailable:
-                response = _text(503, unavailable.message, retry_after_s=unavailable.retry_after_s)
-                return self._rejected(ingestor, response, "unavailable", received_at_us, size, started)
-            except HeadraceError as error:
-                reason = "invalid_body" if error.http_status == 400 else "unavailable"
-                return self._rejected(ingestor, _text(error.http_status, error.message), reason, received_at_us, size,
-                                      started)
-            latency = time.perf_counter() - started
-            metrics.accepted += 1
-            metrics.observe_ack(latency)
-            ingestor.requests.add(received_at_us, 200, None, size, rows, latency)
-            return web.Response(status=200)
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                return _response(endpoint.too_large(ingestor, received_at_us, started))
+            except web.HTTPException:
+                raise
+            except Exception:  # noqa: BLE001 - aiohttp's RequestPayloadError: a body that cannot be decoded
+                return _response(endpoint.undecodable(ingestor, received_at_us, request.content_length or 0, started))
+            outcome = endpoint.submit(ingestor, list(request.headers.items()), body, received_at_us, started)
+            if isinstance(outcome, Reply):
+                return _response(outcome)
+            try:
+                offsets = await outcome
+            except Exception as error:  # noqa: BLE001 - mapped (or re-raised) by the endpoint
+                return _response(endpoint.failed(ingestor, error, received_at_us, len(body), started))
+            return _response(endpoint.accepted(ingestor, len(offsets), received_at_us, len(body), started))
         finally:
-            self.in_flight -= 1
-            ingestor.in_flight -= 1
-
-    @staticmethod
-    def _rejected(ingestor: SourceIngestor, response: web.Response, reason: str, received_at_us: int,
-                  size: int, started: float) -> web.Response:
-        ingestor.metrics.rejected[reason] += 1
-        ingestor.requests.add(received_at_us, response.status, reason, size, 0, time.perf_counter() - started)
-        return response
+            endpoint.release(ingestor)

@@ -13,6 +13,8 @@ control requests Spec, Validate and Apply); `serve_driver_connection` runs the l
   * Loads are staged, never evaluated before Acknowledged (read-committed), and evaluated in one batch at Flush;
     then Loaded..., Flushed;
   * Stores are handed over in batches; StartCommit -> transactor.start_commit -> StartedCommit.
+  * StoreColumns (columnar Stores) go to transactor.store_columns, after the Stores staged before them; a
+    transactor without that method refuses them (the runtime only sends them to drivers that take them).
 Blocking transactor methods run in `executor`, one at a time per connection, so DuckDB work never blocks the
 event loop. Any exception sends {"type": "Error", "message": ...} and ends the connection (after letting the
 runtime read it); the transactor is closed (rolling back anything uncommitted) whenever the connection ends.
@@ -27,6 +29,7 @@ from concurrent.futures import Executor
 from contextlib import suppress
 from typing import Any, Protocol, TypeVar
 
+from headrace import failpoints
 from headrace.errors import HeadraceError
 from headrace.materialize.lifecycle import TransactionLifecycle
 from headrace.materialize.protocol import (
@@ -49,6 +52,7 @@ from headrace.materialize.protocol import (
     StartCommit,
     StartedCommit,
     Store,
+    StoreColumns,
     Validate,
     Validated,
     from_wire,
@@ -165,6 +169,12 @@ class _DriverSession:
             self._staged_stores.append(request)
             if len(self._staged_stores) >= STORE_BATCH:
                 await self._hand_over_stores()
+        elif kind is StoreColumns:
+            await self._hand_over_stores()  # keep the order of Stores and columnar Stores
+            store_columns = getattr(self._active(), "store_columns", None)
+            if store_columns is None:
+                raise ProtocolOrderError("this driver does not take columnar Stores (StoreColumns)")
+            await self._call(store_columns, request)
         elif isinstance(request, Acknowledge):
             self._acknowledging = asyncio.ensure_future(self._acknowledge())
         elif isinstance(request, Flush):
@@ -173,6 +183,7 @@ class _DriverSession:
             await self._hand_over_stores()
             started = await self._call(self._active().start_commit, request.runtime_checkpoint)
             await self._respond([started])
+            failpoints.reached("after_started_commit")  # tests: kill -9 before the next Acknowledge
         elif isinstance(request, Open):
             self._transactor = await self._call(self._factory, request)
             opened = await self._call(self._transactor.open, request)

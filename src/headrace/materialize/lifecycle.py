@@ -12,7 +12,7 @@ Rules (request stream, response stream, and the cross-stream rules that tie them
     only acknowledge a commit that it started and recorded).
   Load follows Acknowledge | Load; a key at most once per transaction; never for a delta-updates binding.
   Flush follows Acknowledge | Load, and never before Acknowledged was received.
-  Store and StartCommit follow Flush | Store, and only once Flushed was received (stores are fully reduced).
+  Store, StoreColumns (a columnar Store) and StartCommit follow Flush | Store | StoreColumns, and only once Flushed was received (stores are fully reduced).
   Acknowledged follows Opened | StartedCommit (unordered relative to Acknowledge).
   Loaded follows Acknowledged | Loaded, answering a Load of this transaction not yet answered.
   Flushed follows Acknowledged | Loaded, once Flush was sent.
@@ -44,6 +44,7 @@ from headrace.materialize.protocol import (
     StartCommit,
     StartedCommit,
     Store,
+    StoreColumns,
     Validate,
     Validated,
     key_identity,
@@ -57,8 +58,9 @@ _REQUEST_FOLLOWS: dict[type, tuple[type, ...]] = {
     Acknowledge: (Open, StartCommit),
     Load: (Acknowledge, Load),
     Flush: (Acknowledge, Load),
-    Store: (Flush, Store),
-    StartCommit: (Flush, Store),
+    Store: (Flush, Store, StoreColumns),
+    StoreColumns: (Flush, Store, StoreColumns),  # a columnar Store: same place, same rules
+    StartCommit: (Flush, Store, StoreColumns),
 }
 _RESPONSE_FOLLOWS: dict[type, tuple[type, ...]] = {
     Acknowledged: (Opened, StartedCommit),
@@ -129,12 +131,12 @@ class TransactionLifecycle:
             if self._last_response not in (Acknowledged, Loaded):
                 raise ProtocolOrderError("Flush sent before Acknowledged was received "
                                          f"(last response: {_name(self._last_response)})")
-        else:  # Store, StartCommit
+        else:  # Store, StoreColumns, StartCommit
             if self._last_response is not Flushed:
                 raise ProtocolOrderError(f"{kind.__name__} sent before Flushed was received "
                                          f"(last response: {_name(self._last_response)})")
-            if kind is Store:
-                assert isinstance(msg, Store)
+            if kind is Store or kind is StoreColumns:
+                assert isinstance(msg, (Store, StoreColumns))
                 self._check_binding(kind, msg.binding)
         self._last_request = kind
 

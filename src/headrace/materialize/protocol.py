@@ -19,6 +19,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
+import pyarrow as pa
+
 from headrace.errors import InternalError, InvalidParameterValue, ProtocolViolation
 from headrace.materialize.recovery import apply_merge_patch
 
@@ -236,6 +238,24 @@ class Store:
     delete: bool = False
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class StoreColumns:
+    """Many Stores of one binding as Arrow tables (a columnar Store; same place in the transaction as Store).
+
+    `rows`: documents of keys the store does not hold (Store with exists=False), one row each, with the binding's
+    key and value columns; `updated`: documents of keys it holds (exists=True); `deleted`: keys to delete (the
+    key columns; a key the store does not hold is ignored, so a deletion needs no Load). Column values follow the
+    JSON protocol's conventions (JSON columns as JSON text, TIMESTAMPTZ as int64 microseconds or timestamp[us],
+    BLOB as binary). On the wire each table is an Arrow IPC stream carried as a blob of one binary frame
+    (transport.py)."""
+
+    TYPE: ClassVar[str] = "StoreColumns"
+    binding: int
+    rows: pa.Table | None = None
+    updated: pa.Table | None = None
+    deleted: pa.Table | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class StartCommit:
     TYPE: ClassVar[str] = "StartCommit"
@@ -288,10 +308,12 @@ class ErrorResponse:
     fenced_off: bool = False
 
 
-Request: TypeAlias = Spec | Validate | Apply | Open | Acknowledge | Load | Flush | Store | StartCommit
+Request: TypeAlias = Spec | Validate | Apply | Open | Acknowledge | Load | Flush | Store | StoreColumns | StartCommit
 Response: TypeAlias = (SpecResponse | Validated | Applied | Opened | Acknowledged | Loaded | Flushed | StartedCommit
                        | ErrorResponse)
-REQUEST_TYPES: tuple[type, ...] = (Spec, Validate, Apply, Open, Acknowledge, Load, Flush, Store, StartCommit)
+REQUEST_TYPES: tuple[type, ...] = (Spec, Validate, Apply, Open, Acknowledge, Load, Flush, Store, StoreColumns,
+                                   StartCommit)
+_TABLE_FIELDS = ("rows", "updated", "deleted")  # StoreColumns' tables, each one blob of its binary frame
 Message: TypeAlias = Request | Response
 
 # ---------------------------------------------------------------------------------------------- codec
@@ -387,6 +409,10 @@ def to_wire(msg: Message) -> dict[str, Any]:
                 "exists": msg.exists, "delete": msg.delete}
     if isinstance(msg, Loaded):
         return {"type": "Loaded", "binding": msg.binding, "key": msg.key, "doc": msg.doc}
+    if isinstance(msg, StoreColumns):
+        return {"type": "StoreColumns", "binding": msg.binding,
+                "blobs": {name: _ipc_bytes(getattr(msg, name)) for name in _TABLE_FIELDS
+                          if getattr(msg, name) is not None}}
     if isinstance(msg, Open):
         return {"type": "Open", "spec": _spec_to_wire(msg.spec), "key_begin": msg.key_begin,
                 "key_end": msg.key_end, "driver_state": msg.driver_state}
@@ -417,6 +443,10 @@ def from_wire(d: dict[str, Any]) -> Message:
                          exists=d["exists"], delete=d.get("delete", False))
         if kind == "Loaded":
             return Loaded(binding=d["binding"], key=d["key"], doc=d["doc"])
+        if kind == "StoreColumns":
+            blobs = d.get("blobs") or {}
+            tables = {name: _ipc_table(blobs[name]) for name in _TABLE_FIELDS if name in blobs}
+            return StoreColumns(binding=d["binding"], **tables)
         if kind == "Open":
             return Open(spec=_spec_from_wire(d["spec"]), key_begin=d["key_begin"], key_end=d["key_end"],
                         driver_state=d.get("driver_state") or {})
@@ -439,13 +469,25 @@ def from_wire(d: dict[str, Any]) -> Message:
         control = _control_from_wire(kind, d)
         if control is not None:
             return control
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, pa.ArrowException) as exc:
         raise ProtocolViolation(f"malformed {d.get('type', 'untyped') if isinstance(d, dict) else ''} "
                                 f"message: {exc!r}") from exc
     raise ProtocolViolation(f"unknown message type {kind!r}")
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+
+
+def _ipc_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _ipc_table(blob: bytes | memoryview) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+
 
 _JSON_KEY = object()  # marks a key identity built from canonical JSON, so it never equals a plain tuple
 

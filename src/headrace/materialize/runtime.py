@@ -73,6 +73,7 @@ from headrace.materialize.protocol import (
     StartCommit,
     StartedCommit,
     Store,
+    StoreColumns,
     ValidateBinding,
     Validate,
     Validated,
@@ -242,15 +243,18 @@ class Runtime:
             self._send_acknowledge()
 
     def transact(self, documents: Iterable[tuple[int, list[Any], Document]],
-                 runtime_checkpoint: dict[str, Any]) -> None:
-        """Run one transaction of (binding index, key, document) triples that commits `runtime_checkpoint`."""
+                 runtime_checkpoint: dict[str, Any], columns: Sequence[StoreColumns] = ()) -> None:
+        """Run one transaction of (binding index, key, document) triples that commits `runtime_checkpoint`.
+
+        `columns`: columnar Stores sent as they are after the documents' Stores (no Load, no reduction): for keys
+        the caller knows the state of, e.g. a source's rows under fresh log offsets and deletions of replaced ones."""
         self._check_usable()
         with self._failing_permanently(), _cyclic_gc_paused():
             txn = _Transaction()
             self._combine_into(txn, documents)
             self._send_acknowledge()
             self._send_loads(self._new_loads(txn))
-            self._finish(txn, runtime_checkpoint)
+            self._finish(txn, runtime_checkpoint, columns)
 
     def wait_acknowledged(self) -> None:
         """Acknowledge (if not yet sent) and wait for the driver's Acknowledged: its previous commit is done (for
@@ -301,7 +305,8 @@ class Runtime:
             if self.recovery_log is not None:
                 self.recovery_log.update_driver_state(self.driver_state)
 
-    def _finish(self, txn: _Transaction, runtime_checkpoint: dict[str, Any]) -> None:
+    def _finish(self, txn: _Transaction, runtime_checkpoint: dict[str, Any],
+                columns: Sequence[StoreColumns] = ()) -> None:
         """Steps 3-6: await the previous commit, flush loads, store reduced documents, commit."""
         self._await_acknowledged()
         self._send([Flush()])
@@ -313,6 +318,11 @@ class Runtime:
                 raise ProtocolOrderError(f"expected Loaded or Flushed, got {type(response).__name__}")
             txn.loaded[key_identity(response.binding, response.key)] = response.doc
         self._send_stores(txn)
+        for store_columns in columns:
+            if not 0 <= store_columns.binding < len(self._delta):
+                raise MaterializationError(f"columnar Store names binding {store_columns.binding}, "
+                                           f"spec has {len(self._delta)}")
+            self._send([store_columns])
         self._send([StartCommit(runtime_checkpoint)])
         self._expect(StartedCommit)
         if self.recovery_log is not None:  # the checkpoint and StartedCommit's driver state, atomically

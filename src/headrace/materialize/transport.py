@@ -4,6 +4,11 @@ JSON is encoded and decoded by orjson (several times faster than the json module
 refuses integers beyond 64 bits (and would decode them as floats), so such a message is encoded by the json module
 with one leading space, still valid JSON, which tells the decoder to use the json module too: exact either way.
 
+Binary frames carry Arrow data (StoreColumns, protocol.py) without JSON-encoding it: a message dict with a "blobs"
+member ({name: bytes}) is framed as one 0x00 byte, a 4-byte big-endian length of a JSON header (the message without
+"blobs", plus "blob_sizes": [[name, size], ..]), the header, then the blobs back to back. A JSON payload never
+starts with 0x00, so the first byte tells the two apart; the decoder restores "blobs" as bytes.
+
 Two thin transports share the codec: asyncio (the driver server) and blocking sockets (the runtime, which runs
 inside Spark's synchronous foreachBatch). Neither knows about message meaning; see protocol.py for that.
 """
@@ -43,14 +48,45 @@ def encode_json(value: Any) -> bytes:
         return b" " + _encode_json(value).encode("utf-8")  # the space: decode with json (see module docstring)
 
 
+_BINARY_MARK = b"\x00"
+
+
+def _encode_binary(message: dict[str, Any]) -> bytes:
+    blobs: dict[str, bytes] = message["blobs"]
+    header = {k: v for k, v in message.items() if k != "blobs"}
+    header["blob_sizes"] = [[name, len(blob)] for name, blob in blobs.items()]
+    encoded = encode_json(header)
+    return b"".join((_BINARY_MARK, _HEADER.pack(len(encoded)), encoded, *blobs.values()))
+
+
+def _decode_binary(payload: bytes | bytearray | memoryview) -> dict[str, Any]:
+    try:
+        (length,) = _HEADER.unpack_from(payload, 1)
+        start = 1 + _HEADER.size
+        message = decode_payload(payload[start:start + length])
+        position = start + length
+        blobs: dict[str, bytes] = {}
+        for name, size in message.pop("blob_sizes"):
+            if position + size > len(payload):
+                raise ProtocolViolation(f"binary frame's blob {name!r} of {size} bytes runs past the frame")
+            blobs[name] = bytes(payload[position:position + size])  # a copy: the read buffer is reused
+            position += size
+    except (struct.error, KeyError, TypeError, ValueError) as exc:
+        raise ProtocolViolation(f"malformed binary frame: {exc!r}") from exc
+    message["blobs"] = blobs
+    return message
+
+
 def encode_frame(message: dict[str, Any]) -> bytes:
-    payload = encode_json(message)
+    payload = _encode_binary(message) if "blobs" in message else encode_json(message)
     if len(payload) > MAX_FRAME_BYTES:
         raise _too_large(len(payload))
     return _HEADER.pack(len(payload)) + payload
 
 
 def decode_payload(payload: bytes | bytearray | memoryview) -> dict[str, Any]:
+    if payload[:1] == _BINARY_MARK:
+        return _decode_binary(payload)
     try:
         if payload[:1] == b" ":
             message = json.loads(str(payload, "utf-8"))

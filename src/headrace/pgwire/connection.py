@@ -27,6 +27,7 @@ from headrace.pgwire.copy import CopyIn, Flush
 from headrace.pgwire.extended_query import ExtendedQueryHandler
 from headrace.pgwire.auth import AuthMethod, Handshake, choose_method, make_handshake, rejection
 from headrace.pgwire.interfaces import AdapterClient, SessionClient
+from headrace.pgwire.results import WatchPeer
 from headrace.pgwire.security import SecurityConfig
 from headrace.pgwire.simple_query import UNNAMED, run_simple_query
 from headrace.pgwire.startup import StartupRequest, check_startup, open_session
@@ -84,6 +85,9 @@ class PgConnection:
         self._copy_in: CopyIn | None = None
         # Set by the transport: write the out buffer now. COPY TO uses it to stream mid-statement.
         self.flush_output: Flush | None = None
+        # Set by the transport: read from the client until it goes away (calling peer_closed), while a
+        # statement streams (bare SUBSCRIBE) and nothing else reads.
+        self.watch_peer: WatchPeer | None = None
 
     @property
     def state(self) -> ConnectionState:
@@ -125,6 +129,10 @@ class PgConnection:
         if message is None:
             return None
         return await self.handle(message)
+
+    def peer_closed(self) -> None:
+        """The client's end of input while a statement streams: cancel it (the transport closes after)."""
+        self.cancel_running()
 
     def cancel_running(self) -> None:
         """Cancel the statement this connection is executing, if any (e.g. on server shutdown)."""
@@ -230,7 +238,8 @@ class PgConnection:
         session = self._require_session()
         self._running_cancel = asyncio.Event()
         try:
-            copy_in = await run_simple_query(session, message.sql, self._out, self._running_cancel, self.flush_output)
+            copy_in = await run_simple_query(session, message.sql, self._out, self._running_cancel, self.flush_output,
+                                             self.watch_peer)
             if copy_in is not None:
                 return self._enter_copy_in(copy_in)
         except Exception as exc:
@@ -256,7 +265,8 @@ class PgConnection:
             elif isinstance(message, messages.Execute):
                 self._running_cancel = asyncio.Event()
                 try:
-                    copy_in = await extended.execute(message, self._out, self._running_cancel, self.flush_output)
+                    copy_in = await extended.execute(message, self._out, self._running_cancel, self.flush_output,
+                                                     self.watch_peer)
                     if copy_in is not None:
                         return self._enter_copy_in(copy_in)
                 finally:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 
-from headrace.coordinator.responses import SendingRows
+from headrace.coordinator.responses import SendingRows, Subscribing
 from headrace.errors import ProtocolViolation
 from headrace.pgwire import messages
 from headrace.pgwire.copy import CopyIn, Flush, is_copy_response, start_copy
 from headrace.pgwire.interfaces import SessionClient
-from headrace.pgwire.results import append_result, resolve_formats, row_description
+from headrace.pgwire.results import WatchPeer, append_result, resolve_formats, row_description, stream_subscription
 from headrace.pgwire.types import TEXT_FORMAT, decode_parameter
 
 UNNAMED = ""
@@ -62,11 +62,16 @@ class ExtendedQueryHandler:
         out += messages.no_data() if columns is None else row_description(columns, formats)
 
     async def execute(self, message: messages.Execute, out: bytearray, cancel: asyncio.Event,
-                      flush: Flush | None = None) -> CopyIn | None:
+                      flush: Flush | None = None, watch_peer: WatchPeer | None = None) -> CopyIn | None:
         """A COPY FROM returns its CopyIn: the connection then collects the client's data."""
         result = await self._session.execute(message.portal, max(message.max_rows, 0), cancel)
         if is_copy_response(result):
             return await start_copy(out, result, cancel, flush, None)  # type: ignore[arg-type]
+        if isinstance(result, Subscribing):  # streams (max_rows does not apply) until UP TO or a cancel
+            formats = resolve_formats(self._result_formats.get(message.portal, ()), len(result.columns))
+            await stream_subscription(out, result, formats, with_row_description=False, cancel=cancel, flush=flush,
+                                      watch_peer=watch_peer)
+            return None
         column_count = len(result.columns) if isinstance(result, SendingRows) else 0
         formats = resolve_formats(self._result_formats.get(message.portal, ()), column_count)
         append_result(out, result, formats, with_row_description=False)

@@ -1,9 +1,11 @@
-"""Writing what the coordinator returns (rows, command tags, empty queries) as backend messages;
-shared by the simple and the extended query protocol."""
+"""Writing what the coordinator returns (rows, command tags, empty queries, SUBSCRIBE streams) as backend
+messages; shared by the simple and the extended query protocol."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
 
 from headrace.coordinator.responses import (
     Column,
@@ -13,7 +15,8 @@ from headrace.coordinator.responses import (
     SendingRows,
     Subscribing,
 )
-from headrace.errors import FeatureNotSupported, HeadraceError, ProtocolViolation
+from headrace.coordinator.cursors import SubscriptionBuffer
+from headrace.errors import HeadraceError, ProtocolViolation
 from headrace.pgwire import messages
 from headrace.pgwire.types import BINARY_FORMAT, TEXT_FORMAT, type_size, value_encoder
 
@@ -60,15 +63,52 @@ def append_result(out: bytearray, result: ExecuteResponse, formats: Sequence[int
     elif isinstance(result, CommandComplete):
         for notice in result.notices:
             out += messages.notice_response("NOTICE", "00000", notice)
+        for name, value in result.parameters:  # SET of a reported variable (TimeZone, ...): ParameterStatus
+            out += messages.parameter_status(name, value)
         out += messages.command_complete(result.tag)
     elif isinstance(result, EmptyQuery):
         out += messages.empty_query_response()
     elif isinstance(result, Subscribing):
-        # Streaming a bare SUBSCRIBE needs the transport to interleave waiting and writing; until it
-        # does, say which two forms work rather than fail with an internal error.
         result.cancel()
-        raise FeatureNotSupported("SUBSCRIBE as a bare statement is not supported over pgwire yet",
-                                  hint="use DECLARE c CURSOR FOR SUBSCRIBE ...; FETCH ALL c, "
-                                       "or COPY (SUBSCRIBE ...) TO STDOUT")
+        raise TypeError("a SUBSCRIBE streams: stream_subscription writes it")
     else:
         raise TypeError(f"unexpected execute response {result!r}")
+
+
+Flush = Callable[[], Awaitable[None]]
+# Set by the transport: reads from the client while a statement streams, so that a client that goes away
+# is noticed (it then cancels the running statement); returns at end of input.
+WatchPeer = Callable[[], Awaitable[None]]
+
+
+async def stream_subscription(out: bytearray, result: Subscribing, formats: Sequence[int], *,
+                              with_row_description: bool, cancel: asyncio.Event, flush: Flush | None,
+                              watch_peer: WatchPeer | None) -> None:
+    """A bare SUBSCRIBE, as Materialize streams it: (RowDescription,) then DataRows as changes commit, each
+    batch written at once, until the stream ends (UP TO: CommandComplete "SUBSCRIBE <n>") or is cancelled
+    (CancelRequest, or the client going away: 57014 raised, the caller writes the ErrorResponse)."""
+    if with_row_description:
+        out += row_description(result.columns, formats)
+    encoders = [value_encoder(column.type_oid, format_code)
+                for column, format_code in zip(result.columns, formats, strict=True)]
+    buffer = SubscriptionBuffer(result)
+    watcher = asyncio.ensure_future(watch_peer()) if watch_peer is not None else None
+    sent = 0
+    try:
+        if flush is not None:
+            await flush()
+        while True:
+            rows = await buffer.take(None, None, cancel)  # >= 1 row, or [] once the stream ended
+            if not rows and buffer.finished:
+                break
+            messages.append_data_rows(out, rows, encoders)
+            sent += len(rows)
+            if flush is not None:
+                await flush()
+    finally:
+        buffer.close()
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await watcher
+    out += messages.command_complete(f"SUBSCRIBE {sent}")

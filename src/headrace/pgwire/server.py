@@ -52,7 +52,13 @@ async def serve_connection(adapter: AdapterClient, reader: asyncio.StreamReader,
             writer.write(output)
             await writer.drain()
 
+    async def watch_peer() -> None:  # while a statement streams (SUBSCRIBE): notice the client leaving
+        while data := await reader.read(READ_CHUNK_SIZE):
+            connection.receive_data(data)
+        connection.peer_closed()
+
     connection.flush_output = flush_output
+    connection.watch_peer = watch_peer
     try:
         while data := await reader.read(READ_CHUNK_SIZE):
             connection.receive_data(data)

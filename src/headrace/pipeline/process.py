@@ -89,6 +89,9 @@ def build_spark(master: str, data_dir: Path) -> Any:
     )
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(HeadraceLogSource)
+    from headrace.pipeline.table_batches import HeadraceTableLogSource  # tables' logs
+
+    spark.dataSource.register(HeadraceTableLogSource)
     return spark
 
 
@@ -122,6 +125,10 @@ class Pipeline:
             self.unstarted[source.id] = (source, views)
 
     def start_source(self, source: WebhookSource, views: list[MaterializedView] | None = None) -> None:
+        if getattr(source, "kind", None) == "table":  # tables run their own query (pipeline/table_batches.py)
+            from headrace.pipeline.table_batches import start_table
+
+            return start_table(self, source, views or [])
         views = list(views or [])
         checkpoint_dir = self.data_dir / "pipeline" / "checkpoints" / source.materialization
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -148,7 +155,9 @@ class Pipeline:
             batches = SourceBatches(source, runtime, epoch, committed_batch_id, source_views, log_dir)
             frame = (self.spark.readStream.format("headrace_log")
                      .option("path", str(log_dir))
-                     .option("startOffset", str(start_offset)).load())
+                     .option("startOffset", str(start_offset))
+                     .option("resumeOffset", str(int((stored or {}).get("log_end", start_offset))))  # log_source.py
+                     .load())
             query = (frame.writeStream.foreachBatch(batches)
                      .option("checkpointLocation", str(checkpoint_dir))
                      .queryName(source.materialization)
@@ -179,6 +188,7 @@ class Pipeline:
 
     def stop_source(self, source_id: str) -> None:
         running = self.running.pop(source_id)
+        log.warning("stopping %s", running.source.materialization)
         try:
             running.query.stop()
         except Exception:  # noqa: BLE001 - stopping a query mid-batch can throw; the query is gone either way
@@ -267,7 +277,11 @@ def main(argv: list[str] | None = None) -> None:
                 log.warning("server went away; stopping")
                 break
             if message.get("type") == "sources":
-                sources = [item_from_create_sql(item["id"], item["create_sql"]) for item in message["sources"]]
+                from headrace.pipeline.table_batches import is_table_entry
+                from headrace.sql.table_statements import table_from_create_sql
+
+                sources = [(table_from_create_sql if is_table_entry(item["create_sql"]) else item_from_create_sql)(
+                    item["id"], item["create_sql"]) for item in message["sources"]]
                 views = [MaterializedView.from_entry(entry) for entry in message.get("views", [])]
                 pipeline.reconcile(sources, views)
                 control.send({"type": "reconciled", "generation": message.get("generation")})

@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from headrace.catalog.items import WebhookSource
 from headrace.catalog.views import MaterializedView
@@ -134,6 +135,37 @@ def changes_frame(spark: Any, source: WebhookSource, batch: pa.Table, replaced: 
     if replaced is not None and replaced.num_rows:
         old = input_table(source, replaced).append_column("replaced_by", replaced["replaced_by"])
         retracted = spark.createDataFrame(old)
+    return source_changes(inserted, retracted)
+
+
+def batch_changes(frame: Any, source: WebhookSource, batch: pa.Table, log_dir: Path | None) -> Any:
+    """The micro-batch DataFrame Spark handed to foreachBatch (the log source's rows) as the change stream,
+    computed on that frame rather than on one rebuilt from `batch` (its collected Arrow form, used here only to
+    find the replaced rows). The old versions of replaced rows are read from the log and unioned as a small
+    extra frame, only when the batch has replacements. A source that includes headers builds its header
+    columns with the row builder (Python), so it goes the collected way (`changes_frame`)."""
+    from pyspark.sql import functions as F
+
+    from headrace.pipeline.views import source_changes
+
+    replacing = pc.drop_null(batch["prev_offset"])
+    replaced = None
+    if len(replacing):
+        if log_dir is None:
+            raise LookupError("views over an IDEMPOTENT source need the log to read replaced rows")
+        mask = pc.is_valid(batch["prev_offset"])
+        replaced = read_replaced(log_dir, replacing.to_pylist(), pc.filter(batch["log_offset"], mask).to_pylist())
+    if source.include_headers or source.header_columns:
+        return changes_frame(frame.sparkSession, source, batch, replaced)
+    body = F.col("body") if source.body_format == "bytes" else F.col("body").cast("string")
+    columns = [F.col("log_offset"), body.alias("body"), F.col("received_at")]
+    if source.idempotent_expr is not None:
+        columns.append(F.col("idempotency_key"))
+    inserted = frame.select(*columns)
+    retracted = None
+    if replaced is not None and replaced.num_rows:
+        old = input_table(source, replaced).append_column("replaced_by", replaced["replaced_by"])
+        retracted = frame.sparkSession.createDataFrame(old)
     return source_changes(inserted, retracted)
 
 

@@ -8,7 +8,7 @@ Input: a DataFrame of changes (the change-stream contract), one row per change:
     input row's key), hr_at long (arrival of this row version: orders first/last/array_agg).
 
 Spark parses JSON, evaluates WHERE, projections and group keys, shuffles by group and sums the weighted
-counts and sums; per group the few list-shaped states (value counts, keyed sets) are folded on the
+counts and sums (views whose states are all sums or extremes skip the shuffle: pipeline/view_partials.py); per group the few list-shaped states (value counts, keyed sets) are folded on the
 driver from Spark's collected lists. `view_documents` returns [(key, partial doc)] for
 Runtime.transact; the runtime reduces each with the stored document and calls ViewPlan.finalize.
 """
@@ -253,6 +253,10 @@ def view_documents(plan: ViewPlan, changes: DataFrame) -> list[tuple[list[Any], 
     if plan.filter is not None:
         frame = frame.where(translate(plan.filter))
     if plan.aggregating:
+        from headrace.pipeline.view_partials import arrow_aggregate_documents, arrow_groupable
+
+        if arrow_groupable(plan):  # no shuffle: see pipeline/view_partials.py
+            return arrow_aggregate_documents(plan, frame, translate)
         return _aggregate_documents(plan, frame, translate)
     return _projection_documents(plan, frame, translate)
 
@@ -277,12 +281,38 @@ def _projection_documents(plan: ViewPlan, frame: DataFrame, translate: SparkExpr
     return documents
 
 
+class _Projected:
+    """Aggregate arguments and FILTERs evaluated once per change, in a projection before the aggregation.
+
+    Without it Spark evaluates each argument in every aggregate using it, inside a HashAggregate that JSON
+    access keeps out of whole-stage codegen: measured at 100k changes and 6 aggregates over `body->>'v'`, the
+    projection first made the aggregation ~2x faster."""
+
+    def __init__(self, plan: ViewPlan, translate: SparkExpressions) -> None:
+        self.translate = translate
+        self.names: dict[str, str] = {}
+        self.columns: list[Column] = []
+        for aggregate in plan.aggregates:
+            for node in (*aggregate.args, *([aggregate.filter] if aggregate.filter is not None else [])):
+                text = node.sql(dialect="postgres")
+                if text not in self.names:
+                    self.names[text] = name = f"hr_x{len(self.names)}"
+                    self.columns.append(translate(node).alias(name))
+
+    def __call__(self, node: exp.Expr) -> Column:
+        name = self.names.get(node.sql(dialect="postgres"))
+        return F.col(name) if name is not None else self.translate(node)
+
+
 def _aggregate_documents(plan: ViewPlan, frame: DataFrame, translate: SparkExpressions) -> list[tuple[list[Any], dict[str, Any]]]:
     keys = [doc_value(translate(key), t).alias(f"k{i}") for i, (key, t) in enumerate(zip(plan.group_keys, plan.group_key_types))]
+    projected = _Projected(plan, translate)
+    frame = frame.select("hr_diff", "hr_seq", "hr_row", "hr_at", *keys, *projected.columns)
     columns = [F.sum("hr_diff").alias(ROWS_FIELD)]
     for aggregate in plan.aggregates:
-        columns.extend(_partial_columns(aggregate, translate))
-    grouped = frame.groupBy(*keys).agg(*columns) if keys else frame.agg(*columns)
+        columns.extend(_partial_columns(aggregate, projected))  # type: ignore[arg-type]
+    key_names = [f"k{i}" for i in range(len(keys))]
+    grouped = frame.groupBy(*key_names).agg(*columns) if keys else frame.agg(*columns)
     documents = []
     for row in grouped.toArrow().to_pylist():
         if row[ROWS_FIELD] is None:

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from sqlglot import exp
 
 from headrace.catalog.system.definitions import MACRO_SCHEMA
-from headrace.errors import HeadraceError
+from headrace.errors import DataError, HeadraceError
+from headrace.pgwire.types.arrays import split_array_literal
 
 SERVER_VERSION_TEXT = "PostgreSQL 15.0 (headrace {version}) on x86_64-pc-linux-gnu, compiled by Python, 64-bit"
 
@@ -59,7 +60,9 @@ CONSTANT_FUNCTIONS: dict[str, Callable[[], exp.Expr]] = {
         "pg_get_serial_sequence", "inet_server_addr", "inet_client_addr", "inet_server_port",
         "inet_client_port", "pg_get_function_sqlbody")},
     **{name: (lambda: exp.Literal.number(0)) for name in (
-        "pg_table_size", "pg_total_relation_size", "pg_relation_size", "pg_indexes_size", "pg_database_size")},
+        "pg_table_size", "pg_total_relation_size", "pg_relation_size", "pg_indexes_size", "pg_database_size",
+        "pg_stat_get_numscans", "pg_stat_get_tuples_returned", "pg_stat_get_tuples_fetched",
+        "pg_stat_get_live_tuples", "pg_stat_get_dead_tuples")},
     "txid_current": lambda: exp.Literal.number(1),
     "pg_current_xact_id": lambda: exp.Literal.number(1),
     "pg_client_encoding": lambda: exp.Literal.string("UTF8"),
@@ -68,6 +71,9 @@ CONSTANT_FUNCTIONS: dict[str, Callable[[], exp.Expr]] = {
     "current_schema": lambda: exp.Literal.string("public"),
     "pg_postmaster_start_time": lambda: exp.Anonymous(this="now", expressions=[]),
 }
+
+# Set-returning functions answered by a table macro of catalog/system/macros.py (no arguments).
+TABLE_MACROS = {"pg_get_keywords": "hr_get_keywords"}
 
 # Same function, DuckDB's name.
 RENAMED_FUNCTIONS = {"json_build_object": "json_object", "jsonb_build_object": "json_object",
@@ -156,6 +162,12 @@ class FunctionTranslator:
             divisor = node.expression
             if not (isinstance(divisor, exp.Literal) and divisor.is_number and float(divisor.this) != 0):
                 node.set("expression", macro_call("hr_nonzero_divisor", divisor.copy()))
+            return None
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Anonymous) and node.this.name.lower() in TABLE_MACROS:
+            database, schema = MACRO_SCHEMA.split(".")  # pg_get_keywords(): a table macro of catalog/system
+            node.set("this", exp.Anonymous(this=TABLE_MACROS[node.this.name.lower()], expressions=[]))
+            node.set("db", exp.to_identifier(schema))
+            node.set("catalog", exp.to_identifier(database))
             return None
         if isinstance(node, exp.Table) and isinstance(node.this, exp.Func):
             node.set("db", None)  # pg_catalog.generate_series(...) / unnest(...) as a table
@@ -265,6 +277,15 @@ class FunctionTranslator:
             if store_type:
                 node.set("to", exp.DataType.build(store_type, dialect="duckdb"))
         elif node.to.this == exp.DataType.Type.ARRAY and node.to.expressions:
+            literal = node.this
+            if isinstance(literal, exp.Literal) and literal.is_string and literal.this.lstrip().startswith(("{", "[")):
+                # PostgreSQL's array literal '{a,b}' -> a DuckDB list of the element texts, then the cast
+                try:
+                    elements = split_array_literal(literal.this)
+                except ValueError:
+                    raise DataError(f'malformed array literal: "{literal.this}"', sqlstate="22P02") from None
+                node.set("this", exp.Array(expressions=[exp.null() if e is None else exp.Literal.string(e)
+                                                        for e in elements]))
             element = _type_name(node.to.expressions[0])
             if element in STORE_TYPE_NAMES:
                 node.set("to", exp.DataType.build(STORE_TYPE_NAMES[element] + "[]", dialect="duckdb"))

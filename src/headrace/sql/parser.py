@@ -77,6 +77,9 @@ class HeadraceParser(WebhookGrammar):  # WebhookGrammar extends Postgres.Parser 
         if self._match_text_seq("MATERIALIZED", "VIEWS"):
             schema = self._parse_id_var() if self._match(TokenType.FROM) else None
             return ShowObjects(kind="materialized view", schema=schema.name if schema else None)
+        if self._match_text_seq("INDEXES"):
+            schema = self._parse_id_var() if self._match(TokenType.FROM) else None
+            return ShowObjects(kind="index", schema=schema.name if schema else None)
         if self._match_text_seq("CREATE", "MATERIALIZED", "VIEW"):
             return ShowCreateObject(kind="materialized view", this=self._parse_table_parts())
         parts = []

@@ -118,6 +118,9 @@ class ServingStore:
                                  "changelog VARCHAR PRIMARY KEY, since BIGINT NOT NULL)")
         row = self._connection.execute(f"SELECT max(committed_at) FROM {CHECKPOINTS_TABLE}").fetchone()
         self._last_timestamp = int(row[0]) if row and row[0] is not None else 0
+        # Data commits so far (note_committed): in-memory readers (store/arrangements.py) compare it to
+        # the count they caught up to, an O(1) "has anything been committed since?".
+        self.commit_count = 0
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A new connection to the same database, resolving unqualified names in `public`. Close it after use."""
@@ -125,6 +128,11 @@ class ServingStore:
             cursor = self._connection.cursor()
         cursor.execute(f"SET search_path = '{PUBLIC_SCHEMA}'")
         return cursor
+
+    def note_committed(self) -> None:
+        """Called by every writer right after a data commit became visible."""
+        with self._clock_lock:
+            self.commit_count += 1
 
     def next_commit_timestamp(self) -> int:
         """A commit timestamp: ms since the epoch, strictly greater than every one handed out before."""

@@ -164,13 +164,20 @@ class SourceIngestor:
     async def ingest_rows(self, headers: Sequence[tuple[str, str]], body: bytes, received_at_us: int) -> list[int]:
         """Validate (WebhookRejected) and append every row; returns their log offsets once all are
         durable. Raises ServiceUnavailable when the log cannot be written."""
+        pending = self.submit(headers, body, received_at_us)
+        return pending if isinstance(pending, list) else await pending
+
+    def submit(self, headers: Sequence[tuple[str, str]], body: bytes,
+               received_at_us: int) -> list[int] | asyncio.Future[list[int]]:
+        """`ingest_rows` without a coroutine (the HTTP hot path): validates and queues the rows at once,
+        returning [] for a request without rows or a future of the rows' offsets, resolved once durable."""
         records = self.handler.validate(headers, body, received_at_us)
         if isinstance(records, WebhookRecord):  # the handler of one row per request
             records = [records]
         if not records:
             return []
         # Rows are counted (new, duplicate, replaced) by the codec once durable, in the writer thread.
-        return await self._committer.append_many(records)
+        return self._committer.append_many(records)
 
     @property
     def failure(self) -> str | None:

@@ -31,7 +31,9 @@ from headrace.catalog.system.definitions import (
     system_relations,
 )
 from headrace.catalog.system.macros import HELPERS, macro_statements
+from headrace.catalog.system.user_indexes import add_index_rows
 from headrace.catalog.system.rows import Role, TypeFacts, UserColumn, UserRelation
+from headrace.catalog.views import MaterializedView
 from headrace.sql.types import oid_of_duckdb_type
 from headrace.store.serving import PUBLIC_SCHEMA, ServingStore
 
@@ -53,6 +55,8 @@ def relation_oid(item_id: str) -> int:
 
 
 def item_kind(item: Any) -> str:
+    if isinstance(item, MaterializedView):
+        return "materialized view"
     kind = getattr(item, "kind", None)
     return str(kind) if kind else "source"
 
@@ -85,6 +89,7 @@ class SystemCatalog:
         self._installed = False
         self._type_facts = TypeFacts()
         self._type_names: dict[int, str] = {}
+        self.indexes: Callable[[], Sequence[Any]] = lambda: ()  # CREATE INDEX definitions (catalog/indexes.py)
 
     def refresh(self) -> None:
         """Make the catalogs describe the current items and roles (blocking: run it in a worker thread)."""
@@ -94,7 +99,8 @@ class SystemCatalog:
                                                             create_db=role.superuser)
                  for role in self.roles()]
         fingerprint = (tuple((item.id, getattr(item, "create_sql", "")) for item in items),
-                       tuple((role.oid, role.name, role.superuser, role.login) for role in roles))
+                       tuple((role.oid, role.name, role.superuser, role.login) for role in roles),
+                       tuple(self.indexes()))
         if fingerprint == self._fingerprint:
             return
         with self._lock:
@@ -164,6 +170,7 @@ class SystemCatalog:
                 definitions.append({"oid": relation.index_oid, "definition": rows.index_definition(relation)})
                 definitions.append({"oid": relation.constraint_oid,
                                     "definition": f"PRIMARY KEY ({', '.join(relation.primary_key)})"})
+        add_index_rows(pg_rows, relations, self.indexes(), self._type_facts, definitions)  # CREATE INDEX ones
         all_relations = system_relations()
         cursor.execute("BEGIN")
         try:
@@ -193,7 +200,7 @@ class SystemCatalog:
             not_null = item_not_null(item)
             known = store_columns.get(item.name)
             if known is None:  # resources not made yet: names from the item, types unknown (text)
-                known = [(name, "VARCHAR") for name in item.column_names()]
+                known = [(name, "VARCHAR") for name in (item.column_names() if hasattr(item, "column_names") else [])]
             columns = tuple(UserColumn(name, oid_of_duckdb_type(data_type), name in not_null)
                             for name, data_type in known)
             kind = item_kind(item)

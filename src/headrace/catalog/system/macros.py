@@ -58,8 +58,24 @@ MACROS: dict[str, tuple[str, str]] = {
 }
 
 
+# name -> body of a table macro (no parameters)
+TABLE_MACROS: dict[str, str] = {
+    # pg_get_keywords(): DuckDB's parser keeps PostgreSQL's grammar and keyword categories (DBeaver reads this list)
+    "hr_get_keywords": """SELECT keyword_name AS word,
+        CASE keyword_category WHEN 'unreserved' THEN 'U' WHEN 'column_name' THEN 'C'
+            WHEN 'type_function' THEN 'T' ELSE 'R' END AS catcode,
+        keyword_category <> 'reserved' AS barelabel,
+        CASE keyword_category WHEN 'unreserved' THEN 'unreserved'
+            WHEN 'column_name' THEN 'unreserved (cannot be function or type name)'
+            WHEN 'type_function' THEN 'reserved (can be function or type name)' ELSE 'reserved' END AS catdesc,
+        CASE WHEN keyword_category <> 'reserved' THEN 'can be bare label' ELSE 'requires AS' END AS baredesc
+        FROM duckdb_keywords() ORDER BY keyword_name""",
+}
+
+
 def macro_statements() -> list[str]:
     statements = [f"CREATE OR REPLACE TABLE {HELPERS}.{name} ({columns})" for name, columns in HELPER_TABLES.items()]
     statements += [f"CREATE OR REPLACE MACRO {MACRO_SCHEMA}.{name}({parameters}) AS {body}"
                    for name, (parameters, body) in MACROS.items()]
+    statements += [f"CREATE OR REPLACE MACRO {MACRO_SCHEMA}.{name}() AS TABLE {body}" for name, body in TABLE_MACROS.items()]
     return statements

@@ -52,6 +52,7 @@ from headrace.materialize.protocol import (
     SpecResponse,
     StartedCommit,
     Store,
+    StoreColumns,
     Validate,
     ValidatedBinding,
     Validated,
@@ -78,6 +79,7 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
 }
 _STAGED = "headrace_staged_rows"  # names of Arrow tables registered on this transactor's own cursor
 _KEYS = "headrace_staged_keys"
+_COLUMNAR = "headrace_columnar_input"  # a StoreColumns table, while it is converted to the staged form
 _json_value = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _json_key = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode  # canonical
 
@@ -166,6 +168,45 @@ class _BindingPlan:
         for i, c in enumerate(self.values):
             arrays[c.name] = _arrow_array(c, [s.values[i] for s in stores])
         return pa.table(arrays)
+
+    def columnar_table(self, cursor: duckdb.DuckDBPyConnection, table: pa.Table, keys_only: bool = False) -> pa.Table:
+        """A StoreColumns table in the staged form of `rows_table`: the binding's columns in order, each cast to its
+        Arrow type (int64 microseconds -> timestamp; an absent value column -> NULLs); JSON text is validated and
+        normalized by DuckDB's json() (as the JSON path's orjson would print the parsed value)."""
+        columns = self.keys if keys_only else self.columns
+        arrays: dict[str, pa.Array | pa.ChunkedArray] = {}
+        json_columns = []
+        for column in columns:
+            if column.name not in table.column_names:
+                if column in self.keys:
+                    raise DataError(f"columnar Store for {self.table} lacks key column {column.name!r}")
+                arrays[column.name] = pa.nulls(table.num_rows, column.arrow_type)
+                continue
+            values = table[column.name]
+            try:
+                if column.duckdb_type == "JSON":
+                    json_columns.append(column.name)
+                    arrays[column.name] = values.cast(pa.string())
+                elif column.duckdb_type == "TIMESTAMPTZ" and pa.types.is_integer(values.type):
+                    arrays[column.name] = values.cast(pa.int64()).cast(column.arrow_type)
+                else:
+                    arrays[column.name] = values.cast(column.arrow_type)
+            except _CONVERSION_ERRORS as exc:
+                raise DataError(f"column {column.name!r} ({column.duckdb_type}) cannot hold a {values.type} column: "
+                                f"{exc}", hint=_EXPECTED[column.duckdb_type]) from exc
+        converted = pa.table(arrays)
+        if not json_columns:
+            return converted
+        select = ", ".join(f"CAST(json({quote_ident(c.name)}) AS VARCHAR) AS {quote_ident(c.name)}"
+                           if c.name in json_columns else quote_ident(c.name) for c in columns)
+        cursor.register(_COLUMNAR, converted)
+        try:
+            result = cursor.execute(f"SELECT {select} FROM {_COLUMNAR}").fetch_arrow_table()
+        except duckdb.ConversionException as exc:
+            raise DataError(f"a JSON column of {self.table} holds text that is not JSON: {exc}") from exc
+        finally:
+            cursor.unregister(_COLUMNAR)
+        return result.cast(converted.schema)
 
     def loaded(self, binding_index: int, table: pa.Table) -> list[Loaded]:
         """Loaded documents from the load query's Arrow result, converted column by column (fewer Python calls
@@ -314,6 +355,19 @@ class ServingTransactor:
             if existing:
                 staged.existing_rows.append(plan.rows_table(existing))
 
+    def store_columns(self, message: StoreColumns) -> None:
+        """A columnar Store (protocol.StoreColumns): its tables join the staged rows as they are."""
+        plan = self._plans[message.binding]
+        cursor = self._active()
+        staged = self._staged.setdefault(message.binding, _StagedRows())
+        if plan.binding.delta_updates and (message.deleted is not None or message.updated is not None):
+            raise FeatureNotSupported("a delta-updates (append-only) table takes new rows only")
+        for table, target, keys_only in ((message.deleted, staged.deleted_keys, True),
+                                         (message.rows, staged.new_rows, False),
+                                         (message.updated, staged.existing_rows, False)):
+            if table is not None and table.num_rows:
+                target.append(plan.columnar_table(cursor, table, keys_only))
+
     def start_commit(self, runtime_checkpoint: dict[str, Any]) -> StartedCommit:
         """Commit staged Stores and the checkpoint in one transaction, checkpoint (fence check) last."""
         cursor = self._active()
@@ -331,6 +385,7 @@ class ServingTransactor:
             if updated is None or updated[0] != 1:
                 raise self._fenced_off()
             cursor.commit()
+            self._store.note_committed()  # in-memory indexes catch up (store/arrangements.py)
         except duckdb.TransactionException:
             # A write conflict with another runtime's open or commit is fencing too; anything else is re-raised.
             cursor.rollback()

@@ -73,6 +73,12 @@ def _parse_text_array(text: str) -> list[tuple[str, bool]]:
         position += 1
 
 
+def split_array_literal(text: str) -> list[str | None]:
+    """A one-dimensional array literal ('{a,"b c",NULL}') as its element texts, NULL as None (for SQL casts)."""
+    return [None if not quoted and element.upper() == "NULL" else element
+            for element, quoted in _parse_text_array(text)]
+
+
 def make_array_codec(element_oid: int, element: TypeCodec) -> TypeCodec:
     def encode_text(values: Sequence[Any]) -> bytes:
         items = ["NULL" if value is None else _quote_element(element.encode_text(value).decode("utf-8"))

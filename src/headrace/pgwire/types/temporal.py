@@ -1,7 +1,8 @@
 """Codecs for date, time, timestamp, timestamptz and interval.
 
-Text output follows PostgreSQL with DateStyle=ISO, TimeZone=UTC and IntervalStyle=postgres; binary
-values count days or microseconds from PostgreSQL's epoch, 2000-01-01 (UTC for timestamptz).
+Text output follows PostgreSQL with DateStyle=ISO, IntervalStyle=postgres and the session's TimeZone
+(time_zone.py); binary values count days or microseconds from PostgreSQL's epoch, 2000-01-01 (UTC for
+timestamptz).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 
 from headrace.pgwire.types.base import OutOfRange, TypeCodec, Unsupported
+from headrace.pgwire.types.time_zone import offset_text, session_zone
 
 _EPOCH_ORDINAL = date(2000, 1, 1).toordinal()
 _EPOCH_NAIVE = datetime(2000, 1, 1)
@@ -133,16 +135,21 @@ def _decode_timestamp_text(text: str) -> datetime:
 
 def _decode_timestamptz_text(text: str) -> datetime:
     parsed = _parse_timestamp(text)
-    if parsed.tzinfo is None:
-        return parsed.replace(tzinfo=timezone.utc)  # the session TimeZone is UTC
+    if parsed.tzinfo is None:  # a local time of the session's TimeZone
+        parsed = parsed.replace(tzinfo=session_zone() or timezone.utc)
     return parsed.astimezone(timezone.utc)
 
 
 def _encode_timestamptz_text(value: datetime) -> bytes:
-    if type(value) is datetime and value.tzinfo is timezone.utc:  # hot path: isoformat is C
-        text = value.isoformat(" ")[:-6]  # drop "+00:00"
-        return ((text.rstrip("0") if value.microsecond else text) + "+00").encode("ascii")
-    return (_format_timestamp(_as_utc_naive(value)) + "+00").encode("ascii")
+    """In the session's TimeZone with its offset, as PostgreSQL prints it (a naive value is UTC)."""
+    zone = session_zone()
+    if zone is None:
+        if type(value) is datetime and value.tzinfo is timezone.utc:  # hot path: isoformat is C
+            text = value.isoformat(" ")[:-6]  # drop "+00:00"
+            return ((text.rstrip("0") if value.microsecond else text) + "+00").encode("ascii")
+        return (_format_timestamp(_as_utc_naive(value)) + "+00").encode("ascii")
+    local = (value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)).astimezone(zone)
+    return (_format_timestamp(local.replace(tzinfo=None)) + offset_text(local.utcoffset())).encode("ascii")
 
 
 def _encode_timestamp_binary(value: datetime) -> bytes:

@@ -1,0 +1,441 @@
+"""Tables in the coordinator: CREATE / DROP TABLE, INSERT / UPDATE / DELETE / COPY FROM, transaction blocks
+and read-your-writes.
+
+A table is a catalog item with its own durable log (one directory per table id, headrace.log as sources
+use it), materialized by the pipeline into the serving store like a source (pipeline/table_batches.py).
+
+Writes. Each statement computes row changes against the table's current contents: the serving store's rows,
+plus the acknowledged log records it has not applied yet (the overlay, table_log_state.py), plus this
+transaction's own pending changes; writes to one table are serialized by a per-table lock, so duplicate keys
+are caught across sessions. Autocommit: the statement's changes are one log record, appended (fsync) before
+its tag is returned. Inside BEGIN ... COMMIT the changes stay in the session; COMMIT takes the locks of every
+touched table (in id order), checks that no other transaction changed the rows this one changed since it
+read them (else 40001), and appends one record per table; ROLLBACK drops them. One record per table is
+atomic for that table (whole or absent in the log, one materialization transaction in the pipeline). Across
+tables of one COMMIT, every statement that starts after COMMIT returned sees all of them (read-your-writes
+waits for each); a crash during the appends of a multi-table COMMIT may keep a prefix of its tables
+(documented in docs/tables.md).
+
+Read-your-writes: every acknowledged write raises its table's `acked_end`; a SELECT / COPY TO / SUBSCRIBE
+first waits until the serving store's checkpoint of each table it may read has `log_end >= acked_end`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from sqlglot import exp
+
+from headrace.catalog.catalog import Catalog
+from headrace.catalog.tables import HIDDEN_ROW_ID, HIDDEN_VERSION, Table
+from headrace.coordinator import table_changes as changes
+from headrace.coordinator.responses import Column, CommandComplete, ExecuteResponse, SendingRows, StatementDescription
+from headrace.coordinator.session import Session
+from headrace.coordinator.table_log_state import TableLog
+from headrace.coordinator.table_writes import WriteComputer
+from headrace.errors import DuplicateObject, HeadraceError, UndefinedObject
+from headrace.sql import table_statements as grammar
+from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore
+from headrace.store.table_log import ValueError_, to_document
+from headrace.store.table_reads import (
+    applied_checkpoints,
+    applied_ends,
+    public_relation_sql,
+    row_values,
+    rows_for_keys,
+    table_binding,
+)
+
+log = logging.getLogger(__name__)
+
+WRONG_OBJECT_TYPE = "42809"
+VISIBILITY_TIMEOUT_S = 60.0  # a read waits this long for the pipeline to apply acknowledged writes
+_PENDING_ATTRIBUTE = "_table_writes"
+
+
+def handles(ast: exp.Expr) -> bool:
+    return grammar.is_create_table(ast) or grammar.is_drop_table(ast) or grammar.is_write(ast)
+
+
+class Tables:
+    def __init__(self, catalog: Catalog, store: ServingStore, executor: ThreadPoolExecutor, data_root: Path,
+                 ddl_lock: asyncio.Lock, on_tables_changed: Callable[[], None],
+                 relation_exists: Callable[[str, str], bool]) -> None:
+        self.catalog = catalog
+        self.store = store
+        self.executor = executor
+        self.data_root = data_root
+        self._ddl_lock = ddl_lock
+        self._on_tables_changed = on_tables_changed
+        self.views: Any = None  # coordinator/views.py ViewDdl: DROP TABLE refused / CASCADE while views read it
+        self._logs: dict[str, TableLog] = {}
+        self._applied: dict[str, int] = {}  # table id -> log end the store is known to hold
+        self._included: dict[str, frozenset[str]] = {}  # table id -> views its stored checkpoint includes
+        self._row_ids = _RowIds()
+        self.writes = WriteComputer(store, executor, relation_exists)
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+    async def open_all(self) -> None:
+        """Start-up: each table's store table, public relation and log (repairing what a crash left half-made)."""
+        for table in self.catalog.tables():
+            try:
+                await self._ensure(table)
+            except Exception:  # noqa: BLE001 - one broken table must not keep the server from starting
+                log.exception("table %s: cannot open its resources", table.name)
+
+    async def close_all(self) -> None:
+        logs, self._logs = list(self._logs.values()), {}
+        for table_log in logs:
+            await table_log.close()
+
+    async def _ensure(self, table: Table) -> None:
+        await self._run(self._ensure_store, table)
+        if table.id not in self._logs:
+            table_log = TableLog(table, self._log_dir(table))
+            applied = (await self._run(applied_ends, self.store, [table.materialization]))[table.materialization]
+            self._applied[table.id] = applied
+            if applied < table_log.acked_end:
+                count = await self._run(table_log.load_unapplied, applied)
+                log.info("table %s: %d log records not yet in the serving store", table.name, count)
+            self._logs[table.id] = table_log
+
+    def _ensure_store(self, table: Table) -> None:
+        self.store.apply(table_binding(table))
+        with self.store.cursor() as cursor:
+            cursor.execute(public_relation_sql(table))
+
+    def _log_dir(self, table: Table) -> Path:
+        return self.data_root / "logs" / table.id
+
+    # ---- prepare ------------------------------------------------------------------------------------
+    async def describe(self, ast: exp.Expr, param_types: Sequence[int]) -> StatementDescription:
+        if not grammar.is_write(ast):
+            return StatementDescription(tuple(param_types), None)
+        table = self._write_table(ast)
+        types = await self.writes.param_types(table, ast, param_types)
+        returning = grammar.returning_columns(ast, table)
+        columns = None if returning is None else _columns(table, returning)
+        return StatementDescription(types, columns)
+
+    # ---- execute ------------------------------------------------------------------------------------
+    async def execute(self, session: Session, ast: exp.Expr, sql: str, params: Sequence[Any]) -> ExecuteResponse:
+        if grammar.is_create_table(ast):
+            assert isinstance(ast, exp.Create)
+            return await self.create(ast, sql)
+        if grammar.is_drop_table(ast):
+            assert isinstance(ast, exp.Drop)
+            return await self.drop(ast)
+        grammar.refuse_unsupported(ast)
+        table = self._write_table(ast)
+        table_log = self._logs.get(table.id)
+        if table_log is None:
+            raise HeadraceError(f'table "{table.name}" is not open', sqlstate="55000")
+        in_block = session.in_block
+        pending = _transaction(session).setdefault(table.id, changes.PendingTable(table)) if in_block \
+            else changes.PendingTable(table)
+        async with table_log.lock:
+            overlay = await self._overlay(table, table_log, pending)
+            count, rows = await self._compute(table, ast, params, session, pending, overlay)
+            if not in_block:
+                record = pending.changes()
+                if record:
+                    await table_log.append(record)
+        return self._result(table, ast, count, rows)
+
+    async def _compute(self, table: Table, ast: exp.Expr, params: Sequence[Any], session: Session,
+                       pending: changes.PendingTable, overlay: dict[Any, Any]) -> tuple[int, list[dict[str, Any]]]:
+        if isinstance(ast, exp.Insert):
+            documents = await self.writes.insert_documents(table, ast, params, session)
+            self._assign_row_ids(table, documents)
+            existing = {} if table.has_hidden_key else \
+                await self._existing(table, [changes.row_key(table, d) for d in documents], overlay)
+            return changes.insert(pending, documents, existing), documents
+        if isinstance(ast, exp.Update):
+            pairs = await self.writes.update_pairs(table, ast, params, session, overlay)
+            for _, new in pairs:
+                new[HIDDEN_VERSION] = self._row_ids.next()  # a new row version
+            moved = [changes.row_key(table, new) for old, new in pairs
+                     if changes.row_key(table, old) != changes.row_key(table, new)]
+            existing = await self._existing(table, moved, overlay)
+            return changes.update(pending, pairs, existing), [new for _, new in pairs]
+        assert isinstance(ast, exp.Delete)
+        rows = await self.writes.delete_rows(table, ast, params, session, overlay)
+        return changes.delete(pending, rows), rows
+
+    def _result(self, table: Table, ast: exp.Expr, count: int, rows: list[dict[str, Any]]) -> ExecuteResponse:
+        verb = {"insert": "INSERT 0", "update": "UPDATE", "delete": "DELETE"}[ast.key]
+        returning = grammar.returning_columns(ast, table)
+        if returning is None:
+            return CommandComplete(f"{verb} {count}")
+        columns = _columns(table, returning)
+        return SendingRows(columns, [row_values(table, row, returning) for row in rows], tag_verb=verb)
+
+    async def _overlay(self, table: Table, table_log: TableLog, pending: changes.PendingTable) -> dict[Any, Any]:
+        """Acknowledged rows the store may lack, then this transaction's own: applied over the store's rows."""
+        applied = (await self._run(applied_ends, self.store, [table.materialization]))[table.materialization]
+        self._applied[table.id] = max(self._applied.get(table.id, 0), applied)
+        overlay = table_log.overlay(applied)
+        overlay.update(pending.current)
+        return overlay
+
+    async def _existing(self, table: Table, keys: list[Any], overlay: dict[Any, Any]) -> dict[Any, Any]:
+        """Current rows of `keys` (overlay first, then the store)."""
+        existing = {key: overlay[key] for key in keys if key in overlay}
+        missing = [key for key in keys if key not in overlay]
+        if missing:
+            existing.update(await self._run(rows_for_keys, self.store, table, missing))
+        return existing
+
+    def _assign_row_ids(self, table: Table, documents: list[dict[str, Any]]) -> None:
+        """Inserted rows: their version, and their hidden row id when the table has no primary key."""
+        for document in documents:
+            if table.has_hidden_key:
+                document[HIDDEN_ROW_ID] = self._row_ids.next()
+            document[HIDDEN_VERSION] = self._row_ids.next()
+
+    def _write_table(self, ast: exp.Expr) -> Table:
+        target = grammar.write_target(ast)
+        return self.table_named(target.schema, target.name)
+
+    def table_named(self, schema: str, name: str) -> Table:
+        table = self.catalog.find_table(schema, name)
+        if table is not None:
+            return table
+        if self.catalog.find(schema, name) is not None:
+            raise HeadraceError(f'"{name}" is not a table', sqlstate=WRONG_OBJECT_TYPE,
+                                detail=f'"{name}" is a source: it takes data from its webhook endpoint only')
+        if self.catalog.find_view(schema, name) is not None:
+            raise HeadraceError(f'"{name}" is not a table', sqlstate=WRONG_OBJECT_TYPE,
+                                detail=f'"{name}" is a materialized view: the pipeline maintains it')
+        raise UndefinedObject(f'relation "{name}" does not exist')
+
+    # ---- COPY FROM (coordinator/copy.py CopyTargets) --------------------------------------------------
+    def copy_columns(self, schema: str, name: str, columns: Sequence[str]) -> tuple[Column, ...]:
+        table = self.table_named(schema, name)
+        names = list(columns) or table.column_names()
+        for column in names:
+            if table.column(column) is None:
+                raise HeadraceError(f'column "{column}" of relation "{name}" does not exist', sqlstate="42703")
+        return _columns(table, names)
+
+    async def insert_rows(self, session: Session, target: tuple[str, str], columns: Sequence[Column],
+                          rows: list[tuple[Any, ...]]) -> int:
+        table = self.table_named(*target)
+        table_columns = [table.column(c.name) for c in columns]
+        documents = []
+        try:
+            for row in rows:
+                document: dict[str, Any] = {name: None for name in table.column_names()}
+                for column, value in zip(table_columns, row):
+                    assert column is not None
+                    document[column.name] = to_document(column.pg_type, value, column.max_length)
+                documents.append(document)
+        except ValueError_ as error:
+            raise HeadraceError(error.message, sqlstate=error.sqlstate,
+                                detail=f"COPY {table.name}, line {len(documents) + 1}") from None
+        self._assign_row_ids(table, documents)
+        table_log = self._logs[table.id]
+        in_block = session.in_block
+        pending = _transaction(session).setdefault(table.id, changes.PendingTable(table)) if in_block \
+            else changes.PendingTable(table)
+        async with table_log.lock:
+            overlay = await self._overlay(table, table_log, pending)
+            existing = {} if table.has_hidden_key else \
+                await self._existing(table, [changes.row_key(table, d) for d in documents], overlay)
+            count = changes.insert(pending, documents, existing)
+            if not in_block and pending:
+                await table_log.append(pending.changes())
+        return count
+
+    # ---- transaction blocks -------------------------------------------------------------------------
+    async def end_transaction(self, session: Session, committed: bool) -> None:
+        """COMMIT appends the block's writes (one record per table, each fsync'd, all before the tag);
+        ROLLBACK forgets them. A failed COMMIT (40001) rolls the whole block back."""
+        pending: dict[str, changes.PendingTable] = getattr(session, _PENDING_ATTRIBUTE, None) or {}
+        setattr(session, _PENDING_ATTRIBUTE, {})
+        if not committed:
+            return
+        touched = [p for _, p in sorted(pending.items(), key=lambda item: int(item[0][1:])) if p.changes()]
+        if not touched:
+            return
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                logs = []
+                for part in touched:
+                    table_log = self._logs.get(part.table.id)
+                    if table_log is None:
+                        raise HeadraceError(f'table "{part.table.name}" was dropped', sqlstate="40001")
+                    await stack.enter_async_context(table_log.lock)
+                    logs.append(table_log)
+                for part, table_log in zip(touched, logs):
+                    overlay = await self._overlay(part.table, table_log, changes.PendingTable(part.table))
+                    # Rows this block inserted under a fresh hidden row id cannot have been touched by others.
+                    checked = [key for key, before in part.base.items()
+                               if before is not None or not part.table.has_hidden_key]
+                    committed_rows = await self._existing(part.table, checked, overlay)
+                    if changes.conflicts(part, committed_rows, checked):
+                        raise changes.serialization_failure(part.table)
+                await asyncio.gather(*(table_log.append(part.changes()) for part, table_log in zip(touched, logs)))
+        except BaseException:
+            session.end_transaction(committed=False)
+            raise
+
+    # ---- read-your-writes ---------------------------------------------------------------------------
+    def behind(self, statement_sql: str | None = None) -> dict[str, tuple[int, frozenset[str]]]:
+        """Tables the statement may read (named in its text, directly or through a view over them; all when
+        the text is unknown) that the store has not caught up with: id -> (acknowledged end, ids of the views
+        over it the statement names, which must be in the store's checkpoint: created and backfilled)."""
+        result = {}
+        lowered = statement_sql.lower() if statement_sql is not None else None
+        for table_id, table_log in self._logs.items():
+            table = table_log.table
+            named_views = [v for v in self._views_over(table) if lowered is None or v.name.lower() in lowered]
+            if lowered is not None and not named_views and table.name.lower() not in lowered:
+                continue
+            views = frozenset(v.id for v in named_views)
+            included = self._included.get(table_id, frozenset())
+            if table_log.acked_end <= self._applied.get(table_id, 0) and views <= included:
+                continue
+            result[table_id] = (table_log.acked_end, views)
+        return result
+
+    def _views_over(self, table: Table) -> list[Any]:
+        return [v for v in self.catalog.views() if (v.input_schema, v.input_name) == (table.schema, table.name)]
+
+    async def wait_visible(self, statement_sql: str | None = None, timeout_s: float = VISIBILITY_TIMEOUT_S) -> float:
+        """Wait until the serving store holds every acknowledged write to the tables the statement may read
+        (and the views over them it names are backfilled). Returns the seconds waited (0.0 on the fast path:
+        nothing outstanding, no store query)."""
+        targets = self.behind(statement_sql)
+        if not targets:
+            return 0.0
+        started = time.monotonic()
+        delay = 0.001
+        by_materialization = {self._logs[t].table.materialization: t for t in targets}
+
+        def caught_up(table_id: str) -> bool:
+            end, views = targets[table_id]
+            return self._applied.get(table_id, 0) >= end and views <= self._included.get(table_id, frozenset())
+
+        while True:
+            found = await self._run(applied_checkpoints, self.store, list(by_materialization))
+            for materialization, (end, views) in found.items():
+                table_id = by_materialization[materialization]
+                self._applied[table_id] = max(self._applied.get(table_id, 0), end)
+                self._included[table_id] = views
+            if all(caught_up(t) for t in targets):
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout_s:
+                lagging = [f"{self._logs[t].table.name} (applied up to offset {self._applied.get(t, 0)} of "
+                           f"{targets[t][0]})" for t in targets if not caught_up(t)]
+                raise HeadraceError(f"timed out after {timeout_s:.0f} s waiting for the pipeline to apply "
+                                    f"acknowledged writes to {', '.join(lagging)}", sqlstate="57P03",
+                                    hint="the pipeline process may be down or restarting; the writes are durable "
+                                         "and will show once it catches up")
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.01)
+
+    # ---- DDL ----------------------------------------------------------------------------------------
+    async def create(self, ast: exp.Create, sql: str) -> CommandComplete:
+        async with self._ddl_lock:
+            schema, name = grammar.table_name(ast.this.this if isinstance(ast.this, exp.Schema) else ast.this)
+            kind = "table" if self.catalog.find_table(schema, name) else "relation" \
+                if self.catalog.find(schema, name) or self.catalog.find_view(schema, name) else None
+            if kind is not None:
+                if ast.args.get("exists"):
+                    return CommandComplete("CREATE TABLE", (f'{kind} "{name}" already exists, skipping',))
+                raise DuplicateObject(f'relation "{name}" already exists')
+            grammar.table_from_create("pending", ast, sql)  # a bad definition fails before an id is taken
+            table = grammar.table_from_create(self.catalog.allocate_id(), ast, sql)
+            self.catalog.add_table(table)  # durable first: start-up repairs missing resources
+            await self._ensure(table)
+            self._on_tables_changed()
+            return CommandComplete("CREATE TABLE")
+
+    async def drop(self, ast: exp.Drop) -> CommandComplete:
+        async with self._ddl_lock:
+            notices: list[str] = []
+            targets: list[Table] = []
+            for node in ast.args.get("tables") or ast.expressions:
+                schema, name = grammar.table_name(node)
+                table = self.catalog.find_table(schema, name)
+                if table is None:
+                    if self.catalog.find(schema, name) is not None or self.catalog.find_view(schema, name) is not None:
+                        raise HeadraceError(f'"{name}" is not a table', sqlstate=WRONG_OBJECT_TYPE,
+                                            hint="use DROP SOURCE or DROP MATERIALIZED VIEW")
+                    if ast.args.get("exists"):
+                        notices.append(f'table "{name}" does not exist, skipping')
+                        continue
+                    raise UndefinedObject(f'table "{name}" does not exist')
+                targets.append(table)
+            cascade = bool(ast.args.get("cascade"))
+            if self.views is not None:
+                for table in targets:
+                    if not cascade:
+                        self.views.refuse_drop_of_input(table.schema, table.name, kind="table")
+                for table in targets:
+                    notices.extend(await self.views.drop_readers_of(table.schema, table.name))
+            for table in targets:
+                self.catalog.remove_table(table.id)
+                table_log = self._logs.pop(table.id, None)
+                if table_log is not None:
+                    async with table_log.lock:
+                        await table_log.close()
+                self._applied.pop(table.id, None)
+                await self._run(self._remove_files, table)
+            if targets:
+                self._on_tables_changed()
+            return CommandComplete("DROP TABLE", tuple(notices))
+
+    def _remove_files(self, table: Table) -> None:
+        with self.store.cursor() as cursor:
+            cursor.execute(f'DROP VIEW IF EXISTS "{table.schema}"."{table.name}"')
+            cursor.execute(f"DELETE FROM {CHECKPOINTS_TABLE} WHERE materialization = ?", [table.materialization])
+        self.store.drop(table_binding(table).resource_path)
+        shutil.rmtree(self._log_dir(table), ignore_errors=True)
+        shutil.rmtree(self.data_root / "pipeline" / "checkpoints" / table.materialization, ignore_errors=True)
+
+    async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+
+
+def _transaction(session: Session) -> dict[str, changes.PendingTable]:
+    pending: dict[str, changes.PendingTable] | None = getattr(session, _PENDING_ATTRIBUTE, None)
+    if pending is None:
+        pending = {}
+        setattr(session, _PENDING_ATTRIBUTE, pending)
+    return pending
+
+
+def _columns(table: Table, names: Sequence[str]) -> tuple[Column, ...]:
+    columns = []
+    for name in names:
+        column = table.column(name)
+        assert column is not None
+        columns.append(Column(name, column.type_oid))
+    return tuple(columns)
+
+
+class _RowIds:
+    """Hidden row ids (tables without a primary key) and row versions: microseconds since the epoch, strictly
+    increasing in this process (so unique across restarts unless the clock goes back by more than the downtime)."""
+
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            self._last = max(self._last + 1, time.time_ns() // 1000)
+            return self._last
+
+
+__all__ = ["Tables", "handles"]

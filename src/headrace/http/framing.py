@@ -1,0 +1,214 @@
+"""HTTP/1.1 request framing for the webhook fast path, sans-I/O: bytes in, parsed pieces out.
+
+httptools (llhttp) parses and validates each request head; the body's extent (Content-Length, or
+chunked framing decoded here) is computed here rather than by llhttp, because the fast path must
+know exactly where every request starts in the byte stream: a request it does not handle is
+handed to aiohttp as the raw bytes from that request's first byte on.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+from urllib.parse import unquote
+
+import httptools
+
+from headrace.http.webhook_endpoint import Reply
+
+MAX_HEAD_BYTES = 16 << 10  # beyond it without the end of the head: not ours (aiohttp answers 431/400)
+WEBHOOK_PREFIX = b"/api/webhook/"
+
+
+class TooLarge(Exception):
+    """The decoded body grew over the limit."""
+
+
+class BadFraming(Exception):
+    """Chunked framing that cannot be decoded."""
+
+
+@dataclass(slots=True)
+class RequestHead:
+    method: str
+    segments: tuple[str, str, str]  # (database, schema, name), percent-decoded
+    headers: list[tuple[str, str]]
+    content_length: int | None
+    chunked: bool
+    keep_alive: bool
+
+
+class _HeadCollector:
+    __slots__ = ("url", "headers")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+
+def find_head_end(buffer: bytes | bytearray, start: int) -> int:
+    """Index just past the blank line ending the head that starts at `start`; -1 if not there yet."""
+    end = buffer.find(b"\r\n\r\n", start)
+    return -1 if end < 0 else end + 4
+
+
+def parse_head(head: bytes) -> RequestHead | None:
+    """The head of a webhook request the fast path handles, or None: anything else (another path,
+    Content-Encoding, Expect, Upgrade, other transfer codings, a malformed head) goes to aiohttp."""
+    collector = _HeadCollector()
+    parser = httptools.HttpRequestParser(collector)
+    try:
+        parser.feed_data(head)
+    except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+        return None
+    url = collector.url
+    if not url.startswith(WEBHOOK_PREFIX):
+        return None
+    segments = _path_segments(url)
+    if segments is None:
+        return None
+    content_length: int | None = None
+    chunked = False
+    connection = ""
+    headers: list[tuple[str, str]] = []
+    for raw_name, raw_value in collector.headers:
+        # As aiohttp decodes header bytes: UTF-8, undecodable bytes kept as surrogates.
+        name = raw_name.decode("utf-8", "surrogateescape")
+        value = raw_value.decode("utf-8", "surrogateescape")
+        headers.append((name, value))
+        lowered = name.lower()
+        if lowered == "content-length":
+            if content_length is not None:
+                return None
+            content_length = int(value)  # llhttp accepted it: digits only
+        elif lowered == "transfer-encoding":
+            if chunked or value.strip().lower() != "chunked":
+                return None
+            chunked = True
+        elif lowered == "content-encoding":
+            if value.strip().lower() != "identity":
+                return None  # gzip/deflate: aiohttp decodes, with the limit applied after decoding
+        elif lowered == "expect":
+            return None
+        elif lowered == "connection":
+            connection += "," + value.lower()
+    if chunked and content_length is not None:
+        return None
+    major, minor = parser.get_http_version().split(".")
+    if major != "1":
+        return None
+    # Decided here: llhttp's should_keep_alive() is only right once the message is complete.
+    options = {option.strip() for option in connection.split(",")}
+    keep_alive = "keep-alive" in options if minor == "0" else "close" not in options
+    return RequestHead(parser.get_method().decode("ascii"), segments, headers, content_length, chunked, keep_alive)
+
+
+def _path_segments(url: bytes) -> tuple[str, str, str] | None:
+    path = url.split(b"?", 1)[0]
+    parts = path[len(WEBHOOK_PREFIX):].split(b"/")
+    if len(parts) != 3:
+        return None
+    decoded = []
+    for part in parts:
+        if not part or part in (b".", b"..") or not part.isascii():
+            return None
+        text = part.decode("ascii")
+        if "%" in text:
+            try:
+                text = unquote(text, errors="strict")
+            except UnicodeDecodeError:
+                return None
+            if not text or "\x00" in text:
+                return None
+        decoded.append(text)
+    return decoded[0], decoded[1], decoded[2]
+
+
+def decode_chunked(buffer: bytes | bytearray, start: int, limit: int) -> tuple[bytes, int] | None:
+    """The body of a chunked message whose body starts at `start`, and the index just past the
+    message; None while incomplete. Raises TooLarge past `limit` decoded bytes, BadFraming."""
+    parts: list[bytes] = []
+    size_total = 0
+    position = start
+    end = len(buffer)
+    while True:
+        line_end = buffer.find(b"\r\n", position)
+        if line_end < 0:
+            if end - position > 1024:
+                raise BadFraming("chunk size line too long")
+            return None
+        size_text = bytes(buffer[position:line_end]).split(b";", 1)[0].strip(b" \t")
+        if not size_text or len(size_text) > 16 or size_text.strip(b"0123456789abcdefABCDEF"):
+            raise BadFraming("invalid chunk size")
+        size = int(size_text, 16)
+        data_start = line_end + 2
+        if size == 0:
+            if end - data_start < 2:
+                return None
+            if buffer[data_start:data_start + 2] == b"\r\n":
+                return b"".join(parts), data_start + 2
+            trailers_end = buffer.find(b"\r\n\r\n", data_start)
+            if trailers_end < 0:
+                if end - data_start > MAX_HEAD_BYTES:
+                    raise BadFraming("trailers too long")
+                return None
+            return b"".join(parts), trailers_end + 4
+        size_total += size
+        if size_total > limit:
+            raise TooLarge()
+        data_end = data_start + size
+        if end < data_end + 2:
+            return None
+        if buffer[data_end:data_end + 2] != b"\r\n":
+            raise BadFraming("chunk data not followed by CRLF")
+        parts.append(bytes(buffer[data_start:data_end]))
+        position = data_end + 2
+
+
+class ResponseWriter:
+    """Renders Replies as HTTP/1.1 responses; the Date header is cached for the current second."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._date = b""
+        self._accepted = b""
+
+    def _refresh(self) -> None:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._date = email.utils.formatdate(now, usegmt=True).encode("ascii")
+            self._accepted = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nDate: " + self._date + b"\r\n\r\n"
+
+    def render(self, reply: Reply, *, close: bool = False) -> bytes:
+        self._refresh()
+        if reply.status == 200 and not reply.text and not close:
+            return self._accepted
+        body = reply.text.encode("utf-8")
+        lines = [f"HTTP/1.1 {reply.status} {_reason(reply.status)}".encode("ascii"),
+                 b"Content-Length: " + str(len(body)).encode("ascii"),
+                 b"Date: " + self._date]
+        if body:
+            lines.append(b"Content-Type: text/plain; charset=utf-8")
+        if reply.retry_after_s is not None:
+            lines.append(f"Retry-After: {reply.retry_after_s}".encode("ascii"))
+        if reply.allow is not None:
+            lines.append(f"Allow: {reply.allow}".encode("ascii"))
+        if close:
+            lines.append(b"Connection: close")
+        return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"

@@ -1,0 +1,184 @@
+"""The pipeline side of tables: a Spark streaming data source over a table's log, and the foreachBatch that
+turns each micro-batch of change records into one materialization transaction.
+
+A table's log records (store/table_log.py) carry each change's key, new row and old row; a micro-batch
+becomes, per key, the row after the batch's last change (stored) or a deletion (Flow's _meta.op = "d"),
+keyed by the table's primary key (or hidden row id). The runtime checkpoint names the Spark checkpoint
+epoch and batch id (a replayed batch is skipped) and `log_end` (read-your-writes waits for it).
+
+Materialized views over a table are further bindings of the same transaction: the changes become the
+change-stream contract of pipeline/views.py (+1 new row, -1 old row), see `table_changes_frame`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from headrace.catalog.tables import Table
+from headrace.log.reader import read_records, scan_end
+from headrace.materialize.runtime import Runtime
+from headrace.store.table_log import DELETE, Document, RowChange, decode_changes
+from headrace.store.table_reads import table_binding
+
+log = logging.getLogger(__name__)
+RECORD_FRAME_BYTES = 8
+SCHEMA = "log_offset long, next_offset long, payload binary"
+
+
+class _Range(InputPartition):
+    def __init__(self, start: int, end: int) -> None:
+        self.start = start
+        self.end = end
+
+
+class TableLogStreamReader(DataSourceStreamReader):
+    def __init__(self, path: str, start_offset: int) -> None:
+        self.path = path
+        self.start_offset = start_offset
+        self._known_end = start_offset
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"offset": self.start_offset}
+
+    def latestOffset(self) -> dict[str, int]:
+        directory = Path(self.path)
+        if directory.exists():
+            self._known_end = max(self._known_end, scan_end(directory, self._known_end))
+        return {"offset": self._known_end}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        return [] if end["offset"] <= start["offset"] else [_Range(start["offset"], end["offset"])]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, _Range)
+        for offset, payload in read_records(Path(self.path), partition.start, partition.end):
+            yield offset, offset + RECORD_FRAME_BYTES + len(payload), payload
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to release: a table's log is its history."""
+
+
+class HeadraceTableLogSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "headrace_table_log"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return TableLogStreamReader(self.options["path"], int(self.options.get("startOffset", "0")))
+
+
+def net_documents(table: Table, records: Sequence[list[RowChange]]) -> list[tuple[int, list[Any], Document]]:
+    """One document per key touched (the row after the last change, or a deletion), for binding 0."""
+    final: dict[tuple[Any, ...], Document | None] = {}
+    for changes in records:
+        for change in changes:
+            final[change.key] = None if change.op == DELETE else change.new
+    documents: list[tuple[int, list[Any], Document]] = []
+    for key, row in final.items():
+        if row is None:
+            deletion: Document = dict(zip(table.store_key, key))
+            deletion["_meta"] = {"op": "d"}
+            documents.append((0, list(key), deletion))
+        else:
+            documents.append((0, list(key), row))
+    return documents
+
+
+class TableBatches:
+    """The foreachBatch function of one table's streaming query."""
+
+    def __init__(self, table: Table, runtime: Runtime, epoch: str, committed_batch_id: int,
+                 views: Sequence[Any] = ()) -> None:
+        self.table = table
+        self.runtime = runtime
+        self.epoch = epoch
+        self.committed_batch_id = committed_batch_id
+        self.views = tuple(views)
+        self.view_ids = [view.view.id for view in self.views]
+        self.binding = table_binding(table)
+        self.last_batch_seconds = 0.0
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        if batch_id <= self.committed_batch_id:
+            log.info("%s: batch %d already committed; skipping its replay", self.table.materialization, batch_id)
+            return
+        started = time.monotonic()
+        arrow = frame.toArrow()
+        if arrow.num_rows == 0:
+            return
+        columns = arrow.to_pydict()
+        records = [decode_changes(payload) for payload in columns["payload"]]
+        checkpoint = {"epoch": self.epoch, "batch_id": batch_id, "log_end": max(columns["next_offset"]),
+                      "views": self.view_ids}
+        documents: list[tuple[int, list[Any], Document]] = net_documents(self.table, records)
+        if self.views:
+            from headrace.pipeline.table_views import view_documents_for
+
+            documents.extend(view_documents_for(frame.sparkSession, self.table, self.views, records))
+        self.runtime.transact(documents, checkpoint)
+        self.committed_batch_id = batch_id
+        self.last_batch_seconds = time.monotonic() - started
+
+
+def start_table(pipeline: Any, table: Table, views: Sequence[Any] = ()) -> None:
+    """Pipeline.start_source for a table: its streaming query (and its views' bindings)."""
+    from headrace.materialize.protocol import MaterializationSpec
+    from headrace.materialize.reduce import combine_lww, reducer_for_schema
+    from headrace.materialize.runtime import RpcDriverConnection
+    from headrace.pipeline.process import RunningSource, _checkpoint_epoch
+
+    views = list(views)
+    checkpoint_dir = pipeline.data_dir / "pipeline" / "checkpoints" / table.materialization
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = pipeline.data_dir / "logs" / table.id
+    epoch = _checkpoint_epoch(checkpoint_dir)
+    table_views = []
+    if views:
+        from headrace.pipeline.table_views import compile_table_views
+
+        table_views, failed = compile_table_views(table, views)
+        for view, error in failed:
+            log.error("materialized view %s cannot be maintained: %s", view.name, error)
+    spec = MaterializationSpec(name=table.materialization,
+                               bindings=(table_binding(table), *(v.binding for v in table_views)))
+    runtime = Runtime(RpcDriverConnection(*pipeline.driver_address), spec,
+                      reducers=[combine_lww, *(reducer_for_schema(v.plan.reduce_schema) for v in table_views)],
+                      finalizers=[None, *(v.plan.finalize for v in table_views)])
+    try:
+        stored = runtime.open() or {}
+        committed_batch_id, start_offset = -1, 0
+        if stored.get("epoch") == epoch:
+            committed_batch_id = int(stored["batch_id"])
+        elif stored:
+            start_offset = int(stored.get("log_end", 0))  # a new Spark checkpoint: resume where the store is
+        if stored and table_views:
+            from headrace.pipeline.table_views import backfill
+
+            backfill(pipeline.spark, table, runtime, stored, table_views, log_dir)
+        batches = TableBatches(table, runtime, epoch, committed_batch_id, table_views)
+        frame = (pipeline.spark.readStream.format(HeadraceTableLogSource.name())
+                 .option("path", str(log_dir)).option("startOffset", str(start_offset)).load())
+        query = (frame.writeStream.foreachBatch(batches)
+                 .option("checkpointLocation", str(checkpoint_dir))
+                 .queryName(table.materialization)
+                 .trigger(processingTime="200 milliseconds")
+                 .start())
+    except BaseException:
+        runtime.close()
+        raise
+    pipeline.running[table.id] = RunningSource(table, views, query, runtime, time.monotonic())  # type: ignore[arg-type]
+    log.warning("started table %s (%s) with %d views from epoch %s, committed batch %d", table.name,
+                table.materialization, len(table_views), epoch, committed_batch_id)
+
+
+def is_table_entry(create_sql: str) -> bool:
+    """Whether a control-message item is a table (its statement is CREATE TABLE)."""
+    return create_sql.lstrip()[:12].upper().startswith("CREATE TABLE")

@@ -1,0 +1,137 @@
+"""Materialized views over a table, maintained in the table's own transactions (as views over a source are:
+pipeline/view_changes.py, whose SourceView and view_documents_of this module reuses).
+
+A micro-batch's change records become the change-stream contract of pipeline/views.py, in record order:
+an insert is +1 new row, a delete -1 old row, an update -1 old row then +1 new row sharing one hr_seq (the
+-1 sorts first). hr_row is the canonical JSON of the row's key (primary key or hidden row id), hr_at the
+row version (`hr_version`, given at write time and carried by the old row a change retracts). Columns are
+in the contract's form: jsonb as JSON text, timestamptz as integer microseconds, bytea as bytes.
+
+Backfill: a view created over a table that already holds rows starts, in one transaction, from the table's
+live rows in the log up to the stored checkpoint's `log_end` (as +1 changes), committed with the checkpoint
+now listing the view; the stream goes on from `log_end`."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from headrace.catalog.tables import HIDDEN_VERSION, Table
+from headrace.catalog.views import MaterializedView
+from headrace.log.reader import read_records
+from headrace.materialize.runtime import Runtime
+from headrace.pipeline.view_changes import SourceView, view_documents_of
+from headrace.sql.parser import parse_statement
+from headrace.sql.views import InputRelation, compile_view
+from headrace.store.table_log import DELETE, Document, RowChange, decode_changes
+
+BACKFILL_CHUNK_ROWS = 200_000
+_VIEW_TYPES = {"json": "jsonb", "bpchar": "text"}  # as the view compiler knows them
+_ARROW = {"int2": pa.int32(), "int4": pa.int32(), "int8": pa.int64(), "float4": pa.float64(), "float8": pa.float64(),
+          "text": pa.string(), "varchar": pa.string(), "bool": pa.bool_(), "timestamptz": pa.int64(),
+          "jsonb": pa.string(), "bytea": pa.binary()}
+
+
+def table_relation(table: Table) -> InputRelation:
+    """The table as a view's input: its declared columns, keyed by its key, not append-only."""
+    columns = {c.name: _VIEW_TYPES.get(c.pg_type, c.pg_type) for c in table.columns}
+    return InputRelation(kind="table", item_id=table.id, name=table.name, columns=columns, key=table.store_key,
+                         append_only=False)
+
+
+def compile_table_views(table: Table, views: Sequence[MaterializedView],
+                        first_index: int = 1) -> tuple[list[SourceView], list[tuple[MaterializedView, Exception]]]:
+    relation = table_relation(table)
+
+    def lookup(schema: str, name: str) -> InputRelation | None:
+        return relation if (schema, name) == (table.schema, table.name) else None
+
+    compiled: list[SourceView] = []
+    failed: list[tuple[MaterializedView, Exception]] = []
+    for view in views:
+        try:
+            plan = compile_view(parse_statement(view.create_sql), lookup)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - one broken view must not stop its table
+            failed.append((view, exc))
+            continue
+        compiled.append(SourceView(view, plan, first_index + len(compiled)))
+    return compiled, failed
+
+
+def change_rows(table: Table, records: Sequence[list[RowChange]], first_seq: int = 0) -> pa.Table:
+    """Change records -> the change-stream contract as Arrow (see the module docstring)."""
+    columns: dict[str, list[Any]] = {c.name: [] for c in table.columns}
+    meta: dict[str, list[Any]] = {"hr_diff": [], "hr_seq": [], "hr_row": [], "hr_at": []}
+    seq = first_seq
+    for changes in records:
+        for change in changes:
+            seq += 1
+            hr_row = json.dumps(list(change.key), separators=(",", ":"), sort_keys=True)
+            versions = ((-1, change.old), (1, None if change.op == DELETE else change.new))
+            for diff, row in versions:
+                if row is None:
+                    continue
+                for column in table.columns:
+                    columns[column.name].append(_contract_value(column.pg_type, row.get(column.name)))
+                meta["hr_diff"].append(diff)
+                meta["hr_seq"].append(seq)
+                meta["hr_row"].append(hr_row)
+                meta["hr_at"].append(int(row.get(HIDDEN_VERSION) or seq))
+    arrays = {c.name: pa.array(columns[c.name], _ARROW[_VIEW_TYPES.get(c.pg_type, c.pg_type)]) for c in table.columns}
+    arrays.update({"hr_diff": pa.array(meta["hr_diff"], pa.int32()), "hr_seq": pa.array(meta["hr_seq"], pa.int64()),
+                   "hr_row": pa.array(meta["hr_row"], pa.string()), "hr_at": pa.array(meta["hr_at"], pa.int64())})
+    return pa.table(arrays)
+
+
+def _contract_value(pg_type: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if pg_type in ("json", "jsonb"):
+        return json.dumps(value, separators=(",", ":"))
+    if pg_type == "bytea":
+        return base64.b64decode(value)
+    return value
+
+
+def view_documents_for(spark: Any, table: Table, views: Sequence[SourceView],
+                       records: Sequence[list[RowChange]]) -> list[tuple[int, list[Any], Document]]:
+    rows = change_rows(table, records)
+    if rows.num_rows == 0:
+        return []
+    return list(view_documents_of(views, spark.createDataFrame(rows)))
+
+
+def backfill(spark: Any, table: Table, runtime: Runtime, stored: dict[str, Any], views: Sequence[SourceView],
+             log_dir: Path) -> None:
+    """Views the stored checkpoint does not include start from the table's live rows up to its log_end."""
+    import logging
+
+    included = set(stored.get("views") or ())
+    missing = [view for view in views if view.view.id not in included]
+    if not missing:
+        return
+    started = time.monotonic()
+    end = int(stored.get("log_end", 0))
+    live: dict[tuple[Any, ...], Document] = {}
+    for _, payload in read_records(log_dir, 0, end) if end > 0 else ():
+        for change in decode_changes(payload):
+            if change.op == DELETE:
+                live.pop(change.key, None)
+            else:
+                assert change.new is not None
+                live[change.key] = change.new
+    documents: list[tuple[int, list[Any], Document]] = []
+    items = list(live.items())
+    for start in range(0, len(items), BACKFILL_CHUNK_ROWS):
+        chunk = [[RowChange("i", key, row, None)] for key, row in items[start:start + BACKFILL_CHUNK_ROWS]]
+        documents.extend(view_documents_for(spark, table, missing, chunk))
+    runtime.transact(documents, {**stored, "views": [view.view.id for view in views]})
+    logging.getLogger(__name__).warning("backfilled %s over table %s up to offset %d: %d documents in %.1f s",
+                                        ", ".join(v.view.name for v in missing), table.name, end, len(documents),
+                                        time.monotonic() - started)

@@ -1,0 +1,206 @@
+"""Tables in SQL: CREATE TABLE into a catalog Table, and the parts of INSERT / UPDATE / DELETE the coordinator
+needs (target, columns, value rows, SET list, WHERE, RETURNING), from sqlglot's PostgreSQL ASTs.
+
+sqlglot parses these statements already (exp.Create kind TABLE, exp.Insert, exp.Update, exp.Delete, exp.Drop
+kind TABLE); this module only reads them and refuses, with 0A000, what headrace does not do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from headrace.catalog.items import DEFAULT_DATABASE, DEFAULT_SCHEMA
+from headrace.catalog.tables import COLUMN_TYPES, HIDDEN_ROW_ID, HIDDEN_VERSION, TYPE_ALIASES, Table, TableColumn
+from headrace.errors import DuplicateObject, FeatureNotSupported, HeadraceError, SyntaxError_, UndefinedColumn
+
+# sqlglot's parsed type -> PostgreSQL's canonical name
+_SQLGLOT_TYPES = {
+    exp.DataType.Type.SMALLINT: "int2", exp.DataType.Type.INT: "int4", exp.DataType.Type.BIGINT: "int8",
+    exp.DataType.Type.FLOAT: "float4", exp.DataType.Type.DOUBLE: "float8", exp.DataType.Type.TEXT: "text",
+    exp.DataType.Type.VARCHAR: "varchar", exp.DataType.Type.CHAR: "bpchar", exp.DataType.Type.NCHAR: "bpchar",
+    exp.DataType.Type.BOOLEAN: "bool", exp.DataType.Type.TIMESTAMPTZ: "timestamptz", exp.DataType.Type.JSON: "json",
+    exp.DataType.Type.JSONB: "jsonb", exp.DataType.Type.VARBINARY: "bytea",
+}
+INVALID_TABLE_DEFINITION = "42P16"
+
+
+def is_create_table(ast: exp.Expr) -> bool:
+    return isinstance(ast, exp.Create) and str(ast.args.get("kind") or "").upper() == "TABLE"
+
+
+def is_drop_table(ast: exp.Expr) -> bool:
+    return isinstance(ast, exp.Drop) and str(ast.args.get("kind") or "").upper() == "TABLE" \
+        and not ast.args.get("materialized")
+
+
+def is_write(ast: exp.Expr) -> bool:
+    return isinstance(ast, (exp.Insert, exp.Update, exp.Delete))
+
+
+def table_name(table: exp.Expr) -> tuple[str, str]:
+    """(schema, name) of a table reference; only the default database exists."""
+    if not isinstance(table, exp.Table):
+        raise FeatureNotSupported("expected a table name")
+    database = table.catalog or DEFAULT_DATABASE
+    if database != DEFAULT_DATABASE:
+        raise FeatureNotSupported(f'cross-database references are not implemented: "{database}"')
+    return table.db or DEFAULT_SCHEMA, table.name
+
+
+def table_from_create(item_id: str, ast: exp.Create, sql: str) -> Table:
+    """The Table a CREATE TABLE statement defines (42P16 for a bad definition, 0A000 for what is not supported)."""
+    schema_node = ast.this
+    if not isinstance(schema_node, exp.Schema) or ast.args.get("expression") is not None:
+        raise FeatureNotSupported("CREATE TABLE ... AS is not supported; create the table, then INSERT ... SELECT")
+    if ast.args.get("replace") or ast.args.get("properties") and any(
+            isinstance(p, exp.TemporaryProperty) for p in ast.args["properties"].expressions):
+        raise FeatureNotSupported("only plain CREATE TABLE is supported (no OR REPLACE, no TEMPORARY)")
+    schema, name = table_name(schema_node.this)
+    columns: list[TableColumn] = []
+    primary_key: tuple[str, ...] = ()
+    for node in schema_node.expressions:
+        if isinstance(node, exp.ColumnDef):
+            column, is_key = _column(node)
+            if any(c.name == column.name for c in columns):
+                raise DuplicateObject(f'column "{column.name}" specified more than once', sqlstate="42701")
+            columns.append(column)
+            if is_key:
+                if primary_key:
+                    raise HeadraceError(f'multiple primary keys for table "{name}" are not allowed',
+                                        sqlstate=INVALID_TABLE_DEFINITION)
+                primary_key = (column.name,)
+        elif isinstance(node, exp.PrimaryKey):
+            if primary_key:
+                raise HeadraceError(f'multiple primary keys for table "{name}" are not allowed',
+                                    sqlstate=INVALID_TABLE_DEFINITION)
+            primary_key = tuple(_identifier(part) for part in node.expressions)
+        else:
+            raise FeatureNotSupported(f"table constraint {node.sql(dialect='postgres')} is not supported",
+                                      hint="tables take columns, NOT NULL and PRIMARY KEY")
+    if not columns:
+        raise FeatureNotSupported("a table needs at least one column")
+    names = {c.name for c in columns}
+    for key in primary_key:
+        if key not in names:
+            raise UndefinedColumn(f'column "{key}" named in key does not exist')
+    if len(set(primary_key)) != len(primary_key):
+        raise DuplicateObject("a column appears twice in the primary key", sqlstate="42701")
+    for reserved in (HIDDEN_ROW_ID, HIDDEN_VERSION):
+        if reserved in names:
+            raise FeatureNotSupported(f'column name "{reserved}" is reserved')
+    return Table(id=item_id, name=name, schema=schema, columns=tuple(columns), primary_key=primary_key,
+                 create_sql=sql.strip().rstrip(";").strip())
+
+
+def table_from_create_sql(item_id: str, sql: str) -> Table:
+    from headrace.sql.parser import parse_statement
+
+    ast = parse_statement(sql)
+    if not is_create_table(ast):
+        raise SyntaxError_(f"not a CREATE TABLE statement: {sql[:60]}")
+    assert isinstance(ast, exp.Create)
+    return table_from_create(item_id, ast, sql)
+
+
+def _identifier(node: exp.Expr) -> str:
+    return node.name if isinstance(node, (exp.Identifier, exp.Column)) else str(node)
+
+
+def _column(node: exp.ColumnDef) -> tuple[TableColumn, bool]:
+    name = node.name
+    kind = node.args.get("kind")
+    if not isinstance(kind, exp.DataType):
+        raise SyntaxError_(f'column "{name}" needs a type')
+    pg_type = _pg_type(kind, name)
+    max_length = None
+    if pg_type in ("varchar", "bpchar") and kind.expressions:
+        max_length = int(kind.expressions[0].name)
+    elif pg_type == "bpchar":
+        max_length = 1  # char without a length is char(1)
+    not_null, is_key = False, False
+    for constraint in node.args.get("constraints") or []:
+        inner = constraint.args.get("kind") if isinstance(constraint, exp.ColumnConstraint) else constraint
+        if isinstance(inner, exp.NotNullColumnConstraint):
+            not_null = not inner.args.get("allow_null")
+        elif isinstance(inner, exp.PrimaryKeyColumnConstraint):
+            is_key = True
+        else:
+            shown = inner.sql(dialect="postgres") if isinstance(inner, exp.Expr) else str(inner)
+            raise FeatureNotSupported(f'column constraint {shown} of "{name}" is not supported',
+                                      hint="tables take NOT NULL and PRIMARY KEY (DEFAULT, UNIQUE, CHECK come later)")
+    return TableColumn(name=name, pg_type=pg_type, not_null=not_null or is_key, max_length=max_length), is_key
+
+
+def _pg_type(kind: exp.DataType, column: str) -> str:
+    if kind.this == exp.DataType.Type.USERDEFINED:
+        written = str(kind.args.get("kind") or kind.sql(dialect="postgres")).lower()
+        pg_type = TYPE_ALIASES.get(written, written)
+    else:
+        pg_type = _SQLGLOT_TYPES.get(kind.this, "")
+    if pg_type not in COLUMN_TYPES:
+        shown = kind.sql(dialect="postgres").lower()
+        raise FeatureNotSupported(f'type {shown} of column "{column}" is not supported in tables yet',
+                                  hint="supported: " + ", ".join(sorted(COLUMN_TYPES)))
+    return pg_type
+
+
+# ---------------------------------------------------------------------------------------------- writes
+
+@dataclass(frozen=True)
+class WriteTarget:
+    schema: str
+    name: str
+    alias: str | None
+
+
+def write_target(ast: exp.Expr) -> WriteTarget:
+    node = ast.this
+    if isinstance(node, exp.Schema):  # INSERT INTO t (a, b)
+        node = node.this
+    if not isinstance(node, exp.Table):
+        raise FeatureNotSupported("the target of a write must be a table name")
+    schema, name = table_name(node)
+    alias = node.alias or None
+    return WriteTarget(schema, name, alias)
+
+
+def insert_columns(ast: exp.Insert, table: Table) -> list[str]:
+    """The target columns of an INSERT: those listed, or every column in order."""
+    if isinstance(ast.this, exp.Schema) and ast.this.expressions:
+        names = [_identifier(node) for node in ast.this.expressions]
+        for name in names:
+            if table.column(name) is None:
+                raise UndefinedColumn(f'column "{name}" of relation "{table.name}" does not exist')
+        if len(set(names)) != len(names):
+            raise SyntaxError_("a column is named more than once in the INSERT column list", sqlstate="42701")
+        return names
+    return table.column_names()
+
+
+def refuse_unsupported(ast: exp.Expr) -> None:
+    if isinstance(ast, exp.Insert) and (ast.args.get("conflict") or ast.args.get("overwrite")):
+        raise FeatureNotSupported("INSERT ... ON CONFLICT is not supported yet")
+    if isinstance(ast, (exp.Update, exp.Delete)) and (ast.args.get("from_") or ast.args.get("from")
+                                                       or ast.args.get("using")):
+        raise FeatureNotSupported(f"{ast.key.upper()} ... FROM / USING is not supported yet; use a subquery in WHERE")
+    if ast.args.get("with_") or ast.args.get("with"):
+        raise FeatureNotSupported("WITH before INSERT / UPDATE / DELETE is not supported yet")
+
+
+def returning_columns(ast: exp.Expr, table: Table) -> list[str] | None:
+    """RETURNING * or RETURNING col, ...: the columns (None without RETURNING). Expressions are refused."""
+    returning = ast.args.get("returning")
+    if returning is None:
+        return None
+    names: list[str] = []
+    for node in returning.expressions:
+        if isinstance(node, exp.Star) or (isinstance(node, exp.Column) and isinstance(node.this, exp.Star)):
+            names.extend(table.column_names())
+        elif isinstance(node, exp.Column):
+            if table.column(node.name) is None:
+                raise UndefinedColumn(f'column "{node.name}" does not exist')
+            names.append(node.name)
+        else:
+            raise FeatureNotSupported("RETURNING takes * or column names")
+    return names

@@ -1,0 +1,218 @@
+"""Tables against a real server and real clients (psycopg, psql): CREATE TABLE, INSERT / UPDATE / DELETE,
+duplicate keys, transaction blocks seen from another session, COPY FROM, read-your-writes across sessions,
+and durability of an acknowledged COMMIT across kill -9."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.e2e.server_process import HeadraceProcess
+
+pytestmark = pytest.mark.e2e
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+def psql(server: HeadraceProcess, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-p", str(server.pg_port), "-U", "headrace", "headrace", "-X", *args],
+        input=stdin, capture_output=True, text=True, timeout=120,
+        env={"PGCONNECT_TIMEOUT": "5", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_create_insert_update_delete_with_read_your_writes(server: HeadraceProcess) -> None:
+    name = fresh("items")
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, label text NOT NULL, price float8, at timestamptz, "
+                     "doc jsonb)")
+        notice = conn.execute(f"CREATE TABLE IF NOT EXISTS {name} (id int)")
+        assert notice.statusmessage == "CREATE TABLE"
+        inserted = conn.execute(f"INSERT INTO {name} VALUES (1, 'one', 1.5, '2024-05-01 12:00:00+00', "
+                                "'{\"k\": [1, 2]}'), (2, 'two', NULL, NULL, NULL)")
+        assert inserted.statusmessage == "INSERT 0 2"
+        # Read-your-writes: the SELECT right after the INSERT's tag sees it (it waits for the pipeline).
+        rows = conn.execute(f"SELECT id, label, price, doc FROM {name} ORDER BY id").fetchall()
+        assert rows == [(1, "one", 1.5, {"k": [1, 2]}), (2, "two", None, None)]
+        with pytest.raises(psycopg.errors.UniqueViolation) as duplicate:
+            conn.execute(f"INSERT INTO {name} (id, label) VALUES (3, 'three'), (2, 'again')")
+        assert duplicate.value.diag.message_detail == "Key (id)=(2) already exists."
+        with pytest.raises(psycopg.errors.NotNullViolation):
+            conn.execute(f"INSERT INTO {name} (id) VALUES (9)")
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+            conn.execute(f"INSERT INTO {name} (id, label) VALUES ('nine', 'x')")
+        assert conn.execute(f"UPDATE {name} SET price = coalesce(price, 0) + 1, label = upper(label) "
+                            "WHERE id >= 1").statusmessage == "UPDATE 2"
+        added = conn.execute(f"INSERT INTO {name} (id, label) VALUES (%s, %s)", (3, "three"))
+        assert added.statusmessage == "INSERT 0 1"
+        assert conn.execute(f"DELETE FROM {name} WHERE id = 2").statusmessage == "DELETE 1"
+        assert conn.execute(f"DELETE FROM {name} WHERE id = 42").statusmessage == "DELETE 0"
+        assert conn.execute(f"SELECT id, label, price FROM {name} ORDER BY id").fetchall() == [
+            (1, "ONE", 2.5), (3, "three", None)]
+        returned = conn.execute(f"UPDATE {name} SET id = id + 10 WHERE id = 3 RETURNING id, label").fetchall()
+        assert returned == [(13, "three")]
+        assert conn.execute(f"SELECT id FROM {name} ORDER BY id").fetchall() == [(1,), (13,)]
+        conn.execute(f"CREATE SOURCE {name}_src FROM WEBHOOK BODY FORMAT TEXT")
+        with pytest.raises(psycopg.errors.WrongObjectType):
+            conn.execute(f"INSERT INTO {name}_src VALUES ('x')")
+        with pytest.raises(psycopg.errors.WrongObjectType):
+            conn.execute(f"DROP TABLE {name}_src")
+        conn.execute(f"DROP SOURCE {name}_src")
+        conn.execute(f"DROP TABLE {name}")
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            conn.execute(f"SELECT * FROM {name}")
+
+
+def test_transactions_are_atomic_and_seen_by_other_sessions_after_commit(server: HeadraceProcess) -> None:
+    name = fresh("accounts")
+    with psycopg.connect(server.dsn, autocommit=True) as writer, psycopg.connect(server.dsn, autocommit=True) as reader:
+        writer.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, balance int8 NOT NULL)")
+        writer.execute(f"INSERT INTO {name} VALUES (1, 100), (2, 0)")
+        assert reader.execute(f"SELECT sum(balance) FROM {name}").fetchone() == (100,)
+        writer.execute("BEGIN")
+        writer.execute(f"UPDATE {name} SET balance = balance - 30 WHERE id = 1")
+        writer.execute(f"UPDATE {name} SET balance = balance + 30 WHERE id = 2")
+        writer.execute(f"INSERT INTO {name} VALUES (3, 5)")
+        # Uncommitted: another session sees none of it.
+        assert reader.execute(f"SELECT id, balance FROM {name} ORDER BY id").fetchall() == [(1, 100), (2, 0)]
+        writer.execute("COMMIT")
+        # Committed: the next statement of any session sees all of it (read-your-writes across sessions).
+        assert reader.execute(f"SELECT id, balance FROM {name} ORDER BY id").fetchall() == [(1, 70), (2, 30), (3, 5)]
+        writer.execute("BEGIN")
+        writer.execute(f"DELETE FROM {name}")
+        writer.execute(f"INSERT INTO {name} VALUES (9, 9)")
+        writer.execute("ROLLBACK")
+        assert reader.execute(f"SELECT count(*) FROM {name}").fetchone() == (3,)
+        # Two blocks changing one row: the second COMMIT fails (first committer wins) and changes nothing.
+        other = reader
+        writer.execute("BEGIN")
+        other.execute("BEGIN")
+        writer.execute(f"UPDATE {name} SET balance = 1 WHERE id = 3")
+        other.execute(f"UPDATE {name} SET balance = 2 WHERE id = 3")
+        writer.execute("COMMIT")
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            other.execute("COMMIT")
+        assert other.execute(f"SELECT balance FROM {name} WHERE id = 3").fetchone() == (1,)
+        # A duplicate inside a block fails that statement; the block is then aborted and rolls back.
+        writer.execute("BEGIN")
+        writer.execute(f"INSERT INTO {name} VALUES (4, 4)")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            writer.execute(f"INSERT INTO {name} VALUES (4, 5)")
+        writer.execute("ROLLBACK")
+        assert reader.execute(f"SELECT count(*) FROM {name} WHERE id = 4").fetchone() == (0,)
+
+
+def test_copy_from_text_and_csv_bad_data_and_copy_fail(server: HeadraceProcess) -> None:
+    name = fresh("copied")
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, note text, flag bool)")
+        cursor = conn.cursor()
+        with cursor.copy(f"COPY {name} FROM STDIN") as copy:
+            copy.write("1\tfirst\tt\n2\t\\N\tf\n")
+        assert cursor.rowcount == 2
+        with cursor.copy(f"COPY {name} (id, note) FROM STDIN WITH (FORMAT csv, HEADER)") as copy:
+            copy.write('id,note\n3,"a, quoted"\n4,\n')
+        assert cursor.statusmessage == "COPY 2"
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+            with cursor.copy(f"COPY {name} FROM STDIN") as copy:
+                copy.write("5\tfive\tmaybe\n")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            with cursor.copy(f"COPY {name} (id) FROM STDIN") as copy:
+                copy.write("6\n6\n")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            with cursor.copy(f"COPY {name} (id) FROM STDIN") as copy:
+                copy.write("7\n")
+                raise_in_copy()
+        rows = conn.execute(f"SELECT id, note, flag FROM {name} ORDER BY id").fetchall()
+        assert rows == [(1, "first", True), (2, None, False), (3, "a, quoted", None), (4, None, None)]
+
+
+def raise_in_copy() -> None:
+    """psycopg sends CopyFail when the block raises; the server answers 57014."""
+    raise psycopg.errors.QueryCanceled("client aborted the copy")
+
+
+def test_psql_describes_tables_and_copies(server: HeadraceProcess, tmp_path: Path) -> None:
+    name = fresh("described")
+    result = psql(server, "-c", f"CREATE TABLE {name} (k int8 PRIMARY KEY, v varchar(20) NOT NULL)")
+    assert result.returncode == 0, result.stderr
+    data = tmp_path / "rows.csv"
+    data.write_text("1,one\n2,two\n")
+    result = psql(server, "-c", f"\\copy {name} FROM '{data}' WITH (FORMAT csv)")
+    assert result.returncode == 0 and "COPY 2" in result.stdout, result.stderr
+    described = psql(server, "-c", f"\\d {name}")
+    assert described.returncode == 0, described.stderr
+    assert "bigint" in described.stdout and "not null" in described.stdout and f"{name}_pkey" in described.stdout
+    listed = psql(server, "-c", "\\dt")
+    assert name in listed.stdout and "table" in listed.stdout
+    selected = psql(server, "-A", "-t", "-c", f"SELECT v FROM {name} ORDER BY k")
+    assert selected.stdout.split() == ["one", "two"]
+
+
+def test_acknowledged_commit_survives_kill_9(tmp_path: Path) -> None:
+    process = HeadraceProcess(tmp_path / "data")
+    process.start()
+    try:
+        with psycopg.connect(process.dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE durable (id int PRIMARY KEY, v text)")
+            conn.execute("INSERT INTO durable VALUES (1, 'autocommit')")
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO durable VALUES (2, 'block'), (3, 'block')")
+            conn.execute("UPDATE durable SET v = 'updated' WHERE id = 1")
+            conn.execute("COMMIT")  # acknowledged: durable from here on
+        process.kill9()  # most likely before the pipeline applied it
+        process.start()
+        with psycopg.connect(process.dsn, autocommit=True) as conn:
+            rows = conn.execute("SELECT id, v FROM durable ORDER BY id").fetchall()
+            assert rows == [(1, "updated"), (2, "block"), (3, "block")]
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                conn.execute("INSERT INTO durable VALUES (2, 'again')")
+    finally:
+        process.stop()
+
+
+def test_views_over_a_table_follow_updates_and_deletes(server: HeadraceProcess) -> None:
+    name = fresh("orders")
+    totals, big = f"{name}_totals", f"{name}_big"
+    recompute_totals = (f"SELECT region, count(*), sum(amount), min(amount), max(amount) FROM {name} "
+                        "GROUP BY region ORDER BY region")
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, region text NOT NULL, amount int8)")
+        conn.execute(f"INSERT INTO {name} VALUES (1, 'eu', 10), (2, 'eu', 20), (3, 'us', 5)")
+        assert conn.execute(f"SELECT count(*) FROM {name}").fetchone() == (3,)  # applied before the views exist
+        conn.execute(f"CREATE MATERIALIZED VIEW {totals} AS SELECT region, count(*) AS n, sum(amount) AS total, "
+                     f"min(amount) AS lo, max(amount) AS hi FROM {name} GROUP BY region")  # backfilled
+        conn.execute(f"CREATE MATERIALIZED VIEW {big} AS SELECT id, amount FROM {name} WHERE amount >= 10")
+
+        def check() -> None:
+            view = conn.execute(f"SELECT region, n, total, lo, hi FROM {totals} ORDER BY region").fetchall()
+            assert view == conn.execute(recompute_totals).fetchall()
+            assert conn.execute(f"SELECT id, amount FROM {big} ORDER BY id").fetchall() == conn.execute(
+                f"SELECT id, amount FROM {name} WHERE amount >= 10 ORDER BY id").fetchall()
+
+        check()
+        conn.execute(f"INSERT INTO {name} VALUES (4, 'us', 50), (5, 'apac', 1)")
+        check()
+        conn.execute(f"UPDATE {name} SET amount = amount * 2 WHERE region = 'eu'")
+        check()
+        conn.execute(f"UPDATE {name} SET region = 'us' WHERE id = 1")  # moves a row between groups
+        check()
+        conn.execute(f"DELETE FROM {name} WHERE id IN (2, 5)")  # empties group apac
+        check()
+        with conn.transaction():
+            conn.execute(f"UPDATE {name} SET id = 40 WHERE id = 4")
+            conn.execute(f"INSERT INTO {name} VALUES (6, 'eu', 7)")
+        check()
+        assert conn.execute(f"SELECT region, n FROM {totals} ORDER BY region").fetchall() == [("eu", 1), ("us", 3)]
+        with pytest.raises(psycopg.errors.DependentObjectsStillExist):
+            conn.execute(f"DROP TABLE {name}")
+        conn.execute(f"DROP TABLE {name} CASCADE")
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            conn.execute(f"SELECT * FROM {totals}")

@@ -1,0 +1,106 @@
+"""The fast path's request framing: which heads it keeps, chunked decoding, rendered responses."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from headrace.http.framing import (
+    BadFraming,
+    ResponseWriter,
+    TooLarge,
+    decode_chunked,
+    find_head_end,
+    parse_head,
+)
+from headrace.http.webhook_endpoint import Reply
+
+HEAD = b"POST /api/webhook/headrace/public/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"
+
+
+def test_a_plain_webhook_post_is_kept() -> None:
+    head = parse_head(HEAD)
+    assert head is not None
+    assert (head.method, head.segments, head.content_length, head.chunked, head.keep_alive) == (
+        "POST", ("headrace", "public", "orders"), 2, False, True)
+    assert head.headers == [("Host", "x"), ("Content-Length", "2")]
+
+
+def test_path_segments_are_percent_decoded_and_the_query_ignored() -> None:
+    head = parse_head(b"POST /api/webhook/head%20race/p%2Fq/%C3%A9?x=1 HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    assert head is not None and head.segments == ("head race", "p/q", "\u00e9")
+
+
+@pytest.mark.parametrize("raw", [
+    b"POST /api/sql HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+    b"GET /metrics HTTP/1.1\r\n\r\n",
+    b"POST /api/webhook/a/b HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+    b"POST /api/webhook/a/b/c/d HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+    b"POST /api/webhook/a/../c HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+    b"POST /api/webhook/a/b/c HTTP/1.1\r\nContent-Encoding: gzip\r\nContent-Length: 3\r\n\r\n",
+    b"POST /api/webhook/a/b/c HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n",
+    b"POST /api/webhook/a/b/c HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+    b"POST /api/webhook/a/b/c HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+    b"GET /api/webhook/a/b/c HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    b"POST /api/webhook/a/b/%ff HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+    b"NOT HTTP AT ALL\r\n\r\n",
+])
+def test_anything_else_is_left_to_aiohttp(raw: bytes) -> None:
+    assert parse_head(raw) is None
+
+
+def test_http_1_0_closes_unless_keep_alive() -> None:
+    head = parse_head(b"POST /api/webhook/a/b/c HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
+    assert head is not None and not head.keep_alive
+    close = parse_head(b"POST /api/webhook/a/b/c HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+    assert close is not None and not close.keep_alive
+
+
+def test_find_head_end() -> None:
+    data = b"xx" + HEAD + b"{}"
+    assert find_head_end(data, 2) == 2 + len(HEAD)
+    assert find_head_end(HEAD[:-1], 0) == -1
+
+
+def chunked(body: bytes, sizes: list[int], trailers: bytes = b"") -> bytes:
+    out, position = [], 0
+    for size in sizes:
+        piece = body[position:position + size]
+        if not piece:
+            break
+        out.append(b"%x;ext=1\r\n" % len(piece) + piece + b"\r\n")
+        position += len(piece)
+    if position < len(body):
+        out.append(b"%X\r\n" % (len(body) - position) + body[position:] + b"\r\n")
+    return b"".join(out) + b"0\r\n" + trailers + b"\r\n"
+
+
+@given(st.binary(max_size=300), st.lists(st.integers(1, 50), max_size=10), st.booleans(), st.binary(max_size=20))
+def test_chunked_bodies_decode_whole_and_wait_while_incomplete(body: bytes, sizes: list[int], with_trailer: bool,
+                                                              after: bytes) -> None:
+    framed = chunked(body, sizes, b"X-Trailer: 1\r\n" if with_trailer else b"")
+    data = b"HEAD" + framed + after
+    assert decode_chunked(data, 4, 1 << 20) == (body, 4 + len(framed))
+    for cut in range(4, 4 + len(framed)):
+        assert decode_chunked(data[:cut], 4, 1 << 20) is None
+
+
+def test_chunked_limits_and_bad_framing() -> None:
+    with pytest.raises(TooLarge):
+        decode_chunked(b"5\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n", 0, 8)
+    with pytest.raises(BadFraming):
+        decode_chunked(b"zz\r\nhello\r\n", 0, 100)
+    with pytest.raises(BadFraming):
+        decode_chunked(b"5\r\nhelloXX0\r\n\r\n", 0, 100)
+
+
+def test_responses() -> None:
+    writer = ResponseWriter()
+    accepted = writer.render(Reply(200))
+    assert accepted.startswith(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nDate: ") and accepted.endswith(b"\r\n\r\n")
+    busy = writer.render(Reply(429, "too many", retry_after_s=1), close=True)
+    assert busy.startswith(b"HTTP/1.1 429 Too Many Requests\r\n")
+    assert b"\r\nRetry-After: 1\r\n" in busy and b"\r\nConnection: close\r\n" in busy
+    assert busy.endswith(b"\r\n\r\ntoo many")
+    assert b"\r\nAllow: POST\r\n" in writer.render(Reply(405, "no", allow="POST"))

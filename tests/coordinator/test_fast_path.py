@@ -143,3 +143,23 @@ def test_normalized_literals_rebuild_the_text(text: str) -> None:
     assert len(pieces) == len(literals) + 1
     assert "".join(piece + literal for piece, literal in zip(pieces, [*literals, ""])) == \
         f"SELECT x FROM t WHERE k = {text}"
+
+
+def test_a_prepared_lookup_fails_like_duckdb_once_its_relation_is_dropped(adapter: AdapterClient) -> None:
+    async def scenario() -> None:
+        client = await new_client(adapter)
+        await run(client, SOURCE)
+        commit(client, [(1, "k1", "a", {"v": "one"})])
+        await run(client, "CREATE INDEX ON kv (idempotency_key)")
+        await client.prepare("lookup", "SELECT tenant FROM kv WHERE idempotency_key = $1", ())
+        assert isinstance(client.session.statements["lookup"], FastStatement)
+        client.bind("", "lookup", ("k1",))
+        assert list((await client.execute("", 0, asyncio.Event())).rows) == [("a",)]  # type: ignore[union-attr]
+        await run(client, "DROP SOURCE kv")
+        await asyncio.sleep(0.3)  # the arrangement's tail notices within one tick
+        client.bind("", "lookup", ("k1",))
+        with pytest.raises(HeadraceError) as error:
+            await client.execute("", 0, asyncio.Event())
+        assert error.value.sqlstate == "42P01"
+
+    asyncio.run(scenario())

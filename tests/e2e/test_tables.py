@@ -20,6 +20,23 @@ def fresh(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def pipeline_warm(server: HeadraceProcess) -> None:
+    """Spark's cold start (and its first micro-batch) can exceed one read's 60 s bound on a loaded machine:
+    wait for it once, so each test measures headrace rather than the JVM's start."""
+    name = fresh("warm")
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY)")
+        conn.execute(f"INSERT INTO {name} VALUES (1)")
+        for _ in range(5):
+            try:
+                assert conn.execute(f"SELECT id FROM {name}").fetchall() == [(1,)]
+                break
+            except psycopg.errors.CannotConnectNow:
+                continue
+        conn.execute(f"DROP TABLE {name}")
+
+
 def psql(server: HeadraceProcess, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["psql", "-h", "127.0.0.1", "-p", str(server.pg_port), "-U", "headrace", "headrace", "-X", *args],
@@ -216,3 +233,22 @@ def test_views_over_a_table_follow_updates_and_deletes(server: HeadraceProcess) 
         conn.execute(f"DROP TABLE {name} CASCADE")
         with pytest.raises(psycopg.errors.UndefinedTable):
             conn.execute(f"SELECT * FROM {totals}")
+
+
+def test_sqlalchemy_reflects_a_table_and_its_primary_key(server: HeadraceProcess) -> None:
+    sa = pytest.importorskip("sqlalchemy")
+    name = fresh("reflected")
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (tenant text, id int8, note varchar(40), PRIMARY KEY (tenant, id))")
+    engine = sa.create_engine(f"postgresql+psycopg://headrace@127.0.0.1:{server.pg_port}/headrace",
+                              isolation_level="AUTOCOMMIT")
+    try:
+        inspector = sa.inspect(engine)
+        assert name in inspector.get_table_names()
+        columns = {column["name"]: column for column in inspector.get_columns(name)}
+        assert list(columns) == ["tenant", "id", "note"]  # the hidden row version stays hidden
+        assert [columns[c]["nullable"] for c in columns] == [False, False, True]
+        assert isinstance(columns["id"]["type"], sa.BigInteger)
+        assert inspector.get_pk_constraint(name)["constrained_columns"] == ["tenant", "id"]
+    finally:
+        engine.dispose()

@@ -146,11 +146,31 @@ def test_load_follows_acknowledge_or_load() -> None:
     machine = TransactionLifecycle()
     machine.on_request(OPEN)
     machine.on_response(Opened(None))
-    with pytest.raises(ProtocolOrderError, match="Load must follow Acknowledge or Load, but follows Open"):
+    with pytest.raises(ProtocolOrderError, match="Load must follow Acknowledge or Load or Flush, but follows Open"):
         machine.on_request(Load(0, ["a"]))
-    machine = flushed(opened_and_acknowledged())
-    with pytest.raises(ProtocolOrderError, match="Load must follow Acknowledge or Load, but follows Flush"):
+    machine = opened_and_acknowledged()
+    machine.on_request(Flush())
+    with pytest.raises(ProtocolOrderError, match="Load of a further round sent before Flushed was received"):
         machine.on_request(Load(0, ["a"]))
+
+
+def test_a_further_round_of_loads_after_flushed() -> None:
+    """Views over views: Loads, Flush, Loaded, Flushed may repeat before the Stores; a key still once."""
+    machine = opened_and_acknowledged()
+    machine.on_request(Load(0, ["a"]))
+    machine.on_request(Flush())
+    machine.on_response(Loaded(0, ["a"], {}))
+    machine.on_response(Flushed())
+    with pytest.raises(ProtocolOrderError, match="Flushed sent before Flush was received"):
+        machine.on_response(Flushed())
+    machine.on_request(Load(0, ["b"]))
+    with pytest.raises(ProtocolOrderError, match="sent twice in one transaction"):
+        machine.on_request(Load(0, ["a"]))
+    machine.on_request(Flush())
+    machine.on_response(Loaded(0, ["b"], {}))
+    machine.on_response(Flushed())
+    machine.on_request(StartCommit({}))
+    machine.on_response(StartedCommit())
 
 
 def test_a_key_is_loaded_at_most_once_per_transaction() -> None:
@@ -214,7 +234,7 @@ def test_loaded_follows_acknowledged_and_answers_a_load() -> None:
     machine.on_response(Opened(None))
     machine.on_request(Acknowledge())
     machine.on_request(Load(0, ["a"]))
-    with pytest.raises(ProtocolOrderError, match="Loaded must follow Acknowledged or Loaded, but follows Opened"):
+    with pytest.raises(ProtocolOrderError, match="Loaded must follow Acknowledged or Loaded or Flushed, but follows Opened"):
         machine.on_response(Loaded(0, ["a"], {}))
     machine.on_response(Acknowledged())
     with pytest.raises(ProtocolOrderError, match=r"key \['b'\] answers no outstanding Load"):
@@ -231,7 +251,7 @@ def test_flushed_follows_acknowledged_or_loaded_and_flush() -> None:
     machine = TransactionLifecycle()
     machine.on_request(OPEN)
     machine.on_response(Opened(None))
-    with pytest.raises(ProtocolOrderError, match="Flushed must follow Acknowledged or Loaded, but follows Opened"):
+    with pytest.raises(ProtocolOrderError, match="Flushed must follow Acknowledged or Loaded or Flushed, but follows Opened"):
         machine.on_response(Flushed())
 
 
@@ -254,8 +274,9 @@ def test_errors_are_accepted_anywhere_and_change_nothing() -> None:
 # The reference model restates the rules over the whole history: each stream must be a prefix of its regular
 # language, and the cross-stream rules are counts ("Flush number i needs Acknowledged number i").
 
-REQUEST_PREFIX = re.compile(r"(O(AL*FS*C)*(AL*(FS*)?)?)?")
-RESPONSE_PREFIX = re.compile(r"(P(KD*XT)*(KD*X?)?)?")
+# A transaction may hold further rounds of Loads after Flushed (views over views): F(L+F)*.
+REQUEST_PREFIX = re.compile(r"(O(AL*F(L+F)*S*C)*(AL*(F(L+F)*(L+|S*))?)?)?")
+RESPONSE_PREFIX = re.compile(r"(P(KD*X(D*X)*T)*(KD*(X(D*X)*D*)?)?)?")
 TOKENS = {Open: "O", Acknowledge: "A", Load: "L", Flush: "F", Store: "S", StartCommit: "C",
           Opened: "P", Acknowledged: "K", Loaded: "D", Flushed: "X", StartedCommit: "T"}
 
@@ -288,6 +309,8 @@ def reference_legal(history: list[Event], event: Event) -> bool:
             if msg.binding not in (0, 1) or SPEC.bindings[msg.binding].delta_updates:
                 return False
             last_ack = max(i for i, m in enumerate(requests) if isinstance(m, Acknowledge))
+            if isinstance(requests[-1], Flush) and count(Flushed, responses) < count(Flush, requests):
+                return False  # a further round only once the last Flush is answered
             return all(not (isinstance(m, Load) and (m.binding, m.key) == (msg.binding, msg.key))
                        for m in requests[last_ack:])
         if isinstance(msg, Flush):
@@ -295,7 +318,7 @@ def reference_legal(history: list[Event], event: Event) -> bool:
         if isinstance(msg, (Store, StartCommit)):
             if isinstance(msg, Store) and msg.binding not in (0, 1):
                 return False
-            return count(Flushed, responses) >= txn
+            return count(Flushed, responses) >= txn and count(Flushed, responses) == count(Flush, requests)
         return True  # Open: the regex already says "first, once"
     tokens = "".join(TOKENS[type(m)] for m in responses + [msg])
     if not RESPONSE_PREFIX.fullmatch(tokens):
@@ -304,14 +327,19 @@ def reference_legal(history: list[Event], event: Event) -> bool:
     if isinstance(msg, Opened):
         return count(Open, requests) == 1
     if isinstance(msg, Flushed):
-        return count(Flush, requests) >= txn
+        return count(Flush, requests) >= txn and count(Flush, requests) > count(Flushed, responses)
     if isinstance(msg, StartedCommit):
         return count(StartCommit, requests) >= txn
     if isinstance(msg, Loaded):
         acks = [i for i, m in enumerate(requests) if isinstance(m, Acknowledge)]
         if len(acks) < txn:
             return False
-        requested = [(m.binding, m.key) for m in requests[acks[txn - 1]:] if isinstance(m, Load)]
+        start = acks[txn - 1]
+        flushes = [i for i, m in enumerate(requests) if isinstance(m, Flush)]
+        answered_flushes = count(Flushed, responses)
+        if answered_flushes:  # loads before an answered Flush are settled (absent keys never answered)
+            start = max(start, flushes[answered_flushes - 1])
+        requested = [(m.binding, m.key) for m in requests[start:] if isinstance(m, Load)]
         last_acked = max(i for i, m in enumerate(responses) if isinstance(m, Acknowledged))
         answered = [(m.binding, m.key) for m in responses[last_acked:] if isinstance(m, Loaded)]
         return (msg.binding, msg.key) in requested and (msg.binding, msg.key) not in answered

@@ -105,10 +105,6 @@ def _as_bool(value: Any) -> bool:
     raise Declined
 
 
-def _exact(value: Any) -> Any:
-    return value
-
-
 def conversion_to(type_oid: int) -> Callable[[Any], Any]:
     """How a compared value becomes the column's Python value (raising Declined when unsure)."""
     if type_oid in INT_TYPES:
@@ -436,15 +432,19 @@ class FastPath:
         """The rows, or None when DuckDB must answer (index gone, or a value not reproducible)."""
         fast = statement.fast
         assert fast is not None
-        arrangement: Arrangement | None = await self.indexes.arrangement(fast.index_id)
+        arrangement: Arrangement | None = self.indexes.arrangements.get(fast.index_id)
         if arrangement is None:
+            arrangement = await self.indexes.arrangement(fast.index_id)  # first use after a restart
+        if arrangement is None or arrangement.closed:  # the index or its relation is gone: DuckDB says so
             return None
         try:
             key = tuple(source.value(params, statement.literals) for source in fast.key)
             if None in key:
                 return []
             residual = [(position, source.value(params, statement.literals)) for position, source in fast.residual]
-            rows = (await arrangement.current()).get(key, ())
+            # nothing committed since the last catch-up: no await at all (the common case under load)
+            by_key = arrangement.rows if arrangement.is_current else await arrangement.current()
+            rows = by_key.get(key, ())
             result = [project(fast, row) for row in rows
                       if all(row[position] == value and value is not None for position, value in residual)]
         except Declined:

@@ -98,8 +98,13 @@ class IndexDdl:
             return None
         relation = self._relations.get(index_id) or self._describe(index)
         target = self.subscriptions.resolve(index.on_schema, index.on_name)
-        return await self.arrangements.ensure(index_id, lambda: Arrangement(
-            self.store, self.executor, target, relation.columns, relation.key_positions))
+        return await self.arrangements.ensure(index_id, lambda: self._arrangement(index, target, relation))
+
+    def _arrangement(self, index: IndexDefinition, target: Any, relation: IndexedRelation) -> Arrangement:
+        def alive() -> bool:
+            return self.relation_id(index.on_schema, index.on_name) == index.on_id
+
+        return Arrangement(self.store, self.executor, target, relation.columns, relation.key_positions, alive)
 
     def _forget(self, index: IndexDefinition) -> None:
         self.catalog.remove(index.id)
@@ -152,8 +157,7 @@ class IndexDdl:
         self.catalog.add(definition)
         try:
             target = self.subscriptions.resolve(on_schema, on_name)
-            await self.arrangements.ensure(definition.id, lambda: Arrangement(
-                self.store, self.executor, target, relation.columns, relation.key_positions))
+            await self.arrangements.ensure(definition.id, lambda: self._arrangement(definition, target, relation))
         except BaseException:
             self._forget(definition)
             raise

@@ -141,6 +141,9 @@ class Tables:
         in_block = session.in_block
         pending = _transaction(session).setdefault(table.id, changes.PendingTable(table)) if in_block \
             else changes.PendingTable(table)
+        # Other tables it reads (INSERT ... SELECT, subqueries): read-your-writes as for a SELECT. Its own
+        # table needs no wait: its unapplied writes are in the overlay.
+        await self.wait_visible(sql, exclude=table.id)
         async with table_log.lock:
             overlay = await self._overlay(table, table_log, pending)
             count, rows = await self._compute(table, ast, params, session, pending, overlay)
@@ -289,13 +292,16 @@ class Tables:
             raise
 
     # ---- read-your-writes ---------------------------------------------------------------------------
-    def behind(self, statement_sql: str | None = None) -> dict[str, tuple[int, frozenset[str]]]:
+    def behind(self, statement_sql: str | None = None,
+               exclude: str | None = None) -> dict[str, tuple[int, frozenset[str]]]:
         """Tables the statement may read (named in its text, directly or through a view over them; all when
         the text is unknown) that the store has not caught up with: id -> (acknowledged end, ids of the views
         over it the statement names, which must be in the store's checkpoint: created and backfilled)."""
         result = {}
         lowered = statement_sql.lower() if statement_sql is not None else None
         for table_id, table_log in self._logs.items():
+            if table_id == exclude:
+                continue
             table = table_log.table
             named_views = [v for v in self._views_over(table) if lowered is None or v.name.lower() in lowered]
             if lowered is not None and not named_views and table.name.lower() not in lowered:
@@ -310,11 +316,12 @@ class Tables:
     def _views_over(self, table: Table) -> list[Any]:
         return [v for v in self.catalog.views() if (v.input_schema, v.input_name) == (table.schema, table.name)]
 
-    async def wait_visible(self, statement_sql: str | None = None, timeout_s: float = VISIBILITY_TIMEOUT_S) -> float:
+    async def wait_visible(self, statement_sql: str | None = None, timeout_s: float = VISIBILITY_TIMEOUT_S,
+                           exclude: str | None = None) -> float:
         """Wait until the serving store holds every acknowledged write to the tables the statement may read
         (and the views over them it names are backfilled). Returns the seconds waited (0.0 on the fast path:
         nothing outstanding, no store query)."""
-        targets = self.behind(statement_sql)
+        targets = self.behind(statement_sql, exclude)
         if not targets:
             return 0.0
         started = time.monotonic()

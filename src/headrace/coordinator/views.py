@@ -29,6 +29,7 @@ from headrace.sql.ast import ShowCreateObject, ShowObjects
 from headrace.sql.ddl import qualified_name
 from headrace.sql.parser import parse_statement
 from headrace.sql.types import TEXT_OID
+from headrace.sql.view_chain import chain_refusal
 from headrace.sql.view_serving import (
     INTERNAL_SCHEMA,
     VIEW_SCHEMAS_DDL,
@@ -143,13 +144,8 @@ class ViewDdl:
                     return CommandComplete("CREATE MATERIALIZED VIEW", (f'relation "{name}" already exists, skipping',))
                 raise DuplicateObject(f'relation "{name}" already exists')
             plan = compile_view(ast, self.lookup)  # refuses here, before anything is recorded
-            if plan.input.kind not in ("source", "table"):  # a table's changes are known before its transaction too
-                # Maintaining B over A in A's transaction needs A's changes after its Loads, i.e. a second
-                # round of Loads the protocol does not have; a chained transaction is not built yet.
-                raise ViewRefused(f'materialized view "{name}" reads {plan.input.kind} "{plan.input.name}": '
-                                  "views over views are not maintained yet",
-                                  hint="define the view over the source directly (repeat the inner view's WHERE "
-                                       "and expressions), or read the inner view with a plain SELECT")
+            if plan.input.kind == "view":
+                self._check_chain(name, plan)
             view = MaterializedView(id=self.catalog.allocate_id(), name=name, create_sql=sql.strip().rstrip(";").strip(),
                                     input_schema=_input_schema(ast), input_name=plan.input.name)
             self._plans[view.id] = plan
@@ -157,6 +153,27 @@ class ViewDdl:
             await self._run(self.ensure, view)
             self._views_changed()
             return CommandComplete("CREATE MATERIALIZED VIEW")
+
+    def _check_chain(self, name: str, plan: ViewPlan) -> None:
+        """A view over a view is maintained in its root source's transactions, from the upstream's stored rows
+        (sql/view_chain.py): the upstream must store its public rows as shown, and the chain must start at a
+        webhook source."""
+        upstream = next(v for v in self.catalog.views() if v.id == plan.input.item_id)
+        reason = chain_refusal(self.plan(upstream))
+        if reason is not None:
+            raise ViewRefused(f'materialized view "{name}" cannot read materialized view "{upstream.name}": '
+                              f"{reason}",
+                              hint="define the inner view without it (HAVING and expressions over aggregates can "
+                                   "go in the outer view), or define the view over the source directly")
+        root: MaterializedView | None = upstream
+        while root is not None:
+            inner = self.lookup(root.input_schema, root.input_name)
+            if inner is None or inner.kind == "source":
+                return
+            if inner.kind != "view":
+                raise ViewRefused(f'materialized view "{name}" reads a chain of views over {inner.kind} '
+                                  f'"{inner.name}": views over views are maintained over webhook sources only')
+            root = next(v for v in self.catalog.views() if v.id == inner.item_id)
 
     async def _drop(self, ast: exp.Drop) -> CommandComplete:
         async with self._ddl_lock:

@@ -10,12 +10,16 @@ Rules (request stream, response stream, and the cross-stream rules that tie them
   Open first after those, once; Opened follows Open, once.
   Acknowledge follows Open | StartCommit, and only once Opened | StartedCommit was received (the runtime can
     only acknowledge a commit that it started and recorded).
-  Load follows Acknowledge | Load; a key at most once per transaction; never for a delta-updates binding.
+  Load follows Acknowledge | Load | Flush (the latter once Flushed was received: a further round); a key at most once per transaction; never for a delta-updates binding.
   Flush follows Acknowledge | Load, and never before Acknowledged was received.
   Store, StoreColumns (a columnar Store) and StartCommit follow Flush | Store | StoreColumns, and only once Flushed was received (stores are fully reduced).
   Acknowledged follows Opened | StartedCommit (unordered relative to Acknowledge).
   Loaded follows Acknowledged | Loaded, answering a Load of this transaction not yet answered.
-  Flushed follows Acknowledged | Loaded, once Flush was sent.
+  Flushed follows Acknowledged | Loaded | Flushed, once Flush was sent.
+  Rounds: after Flushed, the runtime may send further Loads and another Flush before its Stores (views over
+    views: a downstream view's keys are known only once the upstream view's documents were loaded); every
+    round's Loads are evaluated at its Flush, after the previous commit, and a key is still loaded at most once
+    per transaction.
   StartedCommit follows Flushed, once StartCommit was sent.
 """
 
@@ -56,7 +60,7 @@ _CONTROL_RESPONSES = {response: request for request, response in _CONTROL_ANSWER
 
 _REQUEST_FOLLOWS: dict[type, tuple[type, ...]] = {
     Acknowledge: (Open, StartCommit),
-    Load: (Acknowledge, Load),
+    Load: (Acknowledge, Load, Flush),  # after Flush: a further round of Loads, once Flushed arrived
     Flush: (Acknowledge, Load),
     Store: (Flush, Store, StoreColumns),
     StoreColumns: (Flush, Store, StoreColumns),  # a columnar Store: same place, same rules
@@ -64,8 +68,8 @@ _REQUEST_FOLLOWS: dict[type, tuple[type, ...]] = {
 }
 _RESPONSE_FOLLOWS: dict[type, tuple[type, ...]] = {
     Acknowledged: (Opened, StartedCommit),
-    Loaded: (Acknowledged, Loaded),
-    Flushed: (Acknowledged, Loaded),
+    Loaded: (Acknowledged, Loaded, Flushed),  # after Flushed: answering a further round's Loads
+    Flushed: (Acknowledged, Loaded, Flushed),
     StartedCommit: (Flushed,),
 }
 
@@ -100,6 +104,7 @@ class TransactionLifecycle:
         self._delta_updates: tuple[bool, ...] = ()  # per binding, learned from Open
         self._loaded_keys: set[Hashable] = set()  # keys sent in Loads this transaction
         self._unanswered_keys: set[Hashable] = set()  # of those, keys no Loaded answered yet
+        self._flush_answered = False  # the last Flush has its Flushed
 
     @property
     def last_request(self) -> type | None:
@@ -126,13 +131,17 @@ class TransactionLifecycle:
             self._unanswered_keys.clear()
         elif kind is Load:
             assert isinstance(msg, Load)
+            if self._last_request is Flush and not self._flush_answered:
+                raise ProtocolOrderError("Load of a further round sent before Flushed was received "
+                                         f"(last response: {_name(self._last_response)})")
             self._check_load(msg)
         elif kind is Flush:
-            if self._last_response not in (Acknowledged, Loaded):
+            self._flush_answered = False
+            if self._last_response not in (Acknowledged, Loaded, Flushed):
                 raise ProtocolOrderError("Flush sent before Acknowledged was received "
                                          f"(last response: {_name(self._last_response)})")
         else:  # Store, StoreColumns, StartCommit
-            if self._last_response is not Flushed:
+            if self._last_response is not Flushed or not self._flush_answered:
                 raise ProtocolOrderError(f"{kind.__name__} sent before Flushed was received "
                                          f"(last response: {_name(self._last_response)})")
             if kind is Store or kind is StoreColumns:
@@ -170,10 +179,11 @@ class TransactionLifecycle:
                                          "outstanding Load of this transaction")
             self._unanswered_keys.discard(identity)
         elif kind is Flushed:
-            if self._last_request is not Flush:
+            if self._last_request is not Flush or self._flush_answered:
                 raise ProtocolOrderError(f"Flushed sent before Flush was received "
                                          f"(last request: {_name(self._last_request)})")
             self._unanswered_keys.clear()  # keys absent from the store are simply never Loaded
+            self._flush_answered = True
         elif kind is StartedCommit:
             if self._last_request is not StartCommit:
                 raise ProtocolOrderError(f"StartedCommit sent before StartCommit was received "

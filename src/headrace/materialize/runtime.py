@@ -95,6 +95,19 @@ Finalizer = Callable[[Document], Document | None]
 FullReducer = Callable[[Document | None, Document], Document | None]
 
 
+@dataclass(frozen=True)
+class DerivedBinding:
+    """A binding whose documents derive, within the same transaction, from another binding's changes (a view over
+    a view). `derive(changes, runtime_checkpoint)` gets, per changed key of `upstream`, (the stored document before
+    or None, the stored document after or None) and returns [(key, document)] of `binding`, which the runtime then
+    Loads in a further round, reduces, finalizes and Stores like any other binding's documents."""
+
+    upstream: int
+    binding: int
+    derive: Callable[[list[tuple[Document | None, Document | None]], dict[str, Any]],
+                     Iterable[tuple[list[Any], Document]]]
+
+
 @contextmanager
 def _cyclic_gc_paused() -> Iterator[None]:
     """Pause Python's cyclic GC for one transaction. transact allocates several containers per document and
@@ -164,7 +177,8 @@ class Runtime:
     def __init__(self, driver: DriverConnection, spec: MaterializationSpec, key_begin: int = 0,
                  key_end: int = 0xFFFFFFFF, reducers: Sequence[Reducer] | None = None,
                  recovery_log: RecoveryLog | None = None,
-                 finalizers: Sequence[Finalizer | None] | None = None) -> None:
+                 finalizers: Sequence[Finalizer | None] | None = None,
+                 derived: Sequence[DerivedBinding] = ()) -> None:
         if reducers is not None and len(reducers) != len(spec.bindings):
             raise ValueError(f"{len(reducers)} reducers given for {len(spec.bindings)} bindings")
         if finalizers is not None and len(finalizers) != len(spec.bindings):
@@ -180,6 +194,11 @@ class Runtime:
         self._full_reducers: tuple[FullReducer | None, ...] = tuple(getattr(r, "full", None) for r in self._reducers)
         self._finalizers: tuple[Finalizer | None, ...] = tuple(finalizers or [None] * len(spec.bindings))
         self._delta = [b.delta_updates for b in spec.bindings]
+        for link in derived:
+            if not (0 <= link.upstream < len(spec.bindings) and 0 <= link.binding < len(spec.bindings)) \
+                    or spec.bindings[link.binding].delta_updates or spec.bindings[link.upstream].delta_updates:
+                raise ValueError(f"derived binding {link.binding} of {link.upstream} is not a pair of keyed bindings")
+        self._derived = tuple(derived)
         self.recovery_log = recovery_log
         self._lifecycle = TransactionLifecycle()
         self._failure: BaseException | None = None
@@ -307,17 +326,25 @@ class Runtime:
 
     def _finish(self, txn: _Transaction, runtime_checkpoint: dict[str, Any],
                 columns: Sequence[StoreColumns] = ()) -> None:
-        """Steps 3-6: await the previous commit, flush loads, store reduced documents, commit."""
+        """Steps 3-6: await the previous commit, flush loads, reduce, derive downstream bindings' documents (each a
+        further round of Loads), store reduced documents, commit."""
         self._await_acknowledged()
-        self._send([Flush()])
-        while True:
-            response = self._recv()
-            if isinstance(response, Flushed):
-                break
-            if not isinstance(response, Loaded):
-                raise ProtocolOrderError(f"expected Loaded or Flushed, got {type(response).__name__}")
-            txn.loaded[key_identity(response.binding, response.key)] = response.doc
-        self._send_stores(txn)
+        self._flush_round(txn)
+        finals: dict[Hashable, Document | None] = {}
+        downstream = {derived.binding for derived in self._derived}
+        self._reduce_into(txn, finals, lambda binding: binding not in downstream)
+        for derived in self._derived:  # in dependency order: an upstream is final before its readers derive
+            changed = [(txn.loaded.get(identity), finals[identity])
+                       for identity, (binding, _, _) in txn.combined.items()
+                       if binding == derived.upstream and identity in finals]
+            changed = [(old, new) for old, new in changed if old != new]
+            if changed:
+                documents = derived.derive(changed, runtime_checkpoint)
+                self._combine_into(txn, ((derived.binding, key, doc) for key, doc in documents))
+                self._send_loads(self._new_loads(txn))
+                self._flush_round(txn)  # a further round: the downstream keys are known only now
+            self._reduce_into(txn, finals, lambda binding, target=derived.binding: binding == target)
+        self._send_stores(txn, finals)
         for store_columns in columns:
             if not 0 <= store_columns.binding < len(self._delta):
                 raise MaterializationError(f"columnar Store names binding {store_columns.binding}, "
@@ -332,11 +359,24 @@ class Runtime:
         self._acknowledged = False
         self.committed_transactions += 1
 
-    def _send_stores(self, txn: _Transaction) -> None:
-        bindings = self.spec.bindings
-        batch: list[Request] = []
+    def _flush_round(self, txn: _Transaction) -> None:
+        self._send([Flush()])
+        while True:
+            response = self._recv()
+            if isinstance(response, Flushed):
+                return
+            if not isinstance(response, Loaded):
+                raise ProtocolOrderError(f"expected Loaded or Flushed, got {type(response).__name__}")
+            txn.loaded[key_identity(response.binding, response.key)] = response.doc
+
+    def _reduce_into(self, txn: _Transaction, finals: dict[Hashable, Document | None],
+                     selected: Callable[[int], bool]) -> None:
+        """The stored document of each selected binding's key: loaded reduced with the combination, finalized;
+        None deletes (a `_meta.op == "d"` document of a non-delta binding too)."""
         full_reducers, finalizers = self._full_reducers, self._finalizers
         for identity, (binding, key, doc) in txn.combined.items():
+            if identity in finals or not selected(binding):
+                continue
             loaded = txn.loaded.get(identity)
             full = full_reducers[binding]
             if full is not None:
@@ -346,6 +386,14 @@ class Runtime:
             finalize = finalizers[binding]
             if finalize is not None and doc is not None:
                 doc = finalize(doc)
+            finals[identity] = doc
+
+    def _send_stores(self, txn: _Transaction, finals: dict[Hashable, Document | None]) -> None:
+        bindings = self.spec.bindings
+        batch: list[Request] = []
+        for identity, (binding, key, _) in txn.combined.items():
+            loaded = txn.loaded.get(identity)
+            doc = finals[identity]
             if doc is None:  # fully reduced or finalized away: the key is deleted
                 if loaded is not None:
                     batch.append(Store(binding, key, [None] * len(bindings[binding].values), {}, exists=True,

@@ -30,7 +30,7 @@ from headrace.materialize.sources import source_binding
 from headrace.materialize.transport import FrameSocket
 from headrace.pipeline.batches import SourceBatches
 from headrace.pipeline.log_source import HeadraceLogSource
-from headrace.pipeline.view_changes import SourceView, backfill_documents, compile_source_views
+from headrace.pipeline.view_changes import SourceView, backfill_documents, compile_source_views, derived_bindings
 from headrace.sql.ddl import item_from_create_sql
 
 log = logging.getLogger("headrace.pipeline")
@@ -58,13 +58,14 @@ def _definition(source: WebhookSource, views: list[MaterializedView]) -> tuple[A
 
 
 def views_by_source(sources: list[WebhookSource], views: list[MaterializedView]) -> dict[str, list[MaterializedView]]:
-    """Each source's views, in dependency order (views over views are refused at CREATE)."""
+    """Each source's views, in dependency order; a view over a view belongs to its root source."""
     by_name = {(source.schema, source.name): source.id for source in sources}
     grouped: dict[str, list[MaterializedView]] = {source.id: [] for source in sources}
-    for view in views:
+    for view in views:  # catalog order is dependency order, so a view's input view is assigned before it
         source_id = by_name.get((view.input_schema, view.input_name))
         if source_id is not None:
             grouped[source_id].append(view)
+            by_name[(view.schema, view.name)] = source_id  # a view over this view joins the same source
     return grouped
 
 
@@ -141,7 +142,8 @@ class Pipeline:
                                    bindings=(source_binding(source), *(v.binding for v in source_views)))
         runtime = Runtime(RpcDriverConnection(*self.driver_address), spec,
                           reducers=[combine_lww, *(reducer_for_schema(v.plan.reduce_schema) for v in source_views)],
-                          finalizers=[None, *(v.plan.finalize for v in source_views)])
+                          finalizers=[None, *(v.plan.finalize for v in source_views)],
+                          derived=derived_bindings(self.spark, source_views))  # views over views
         try:
             stored = runtime.open() or {}
             committed_batch_id, start_offset = -1, 0

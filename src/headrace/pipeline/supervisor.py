@@ -19,6 +19,17 @@ log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_MAX_S = 10.0
 STOP_GRACE_S = 15.0
+# The pipeline (PySpark driver and its JVM, which inherit it) runs at a lower CPU priority than the
+# server: on a small machine a webhook burst keeps the cores and the pipeline catches up after it
+# (throughput against freshness; docs/webhooks.md). At moderate rates there is idle CPU for both.
+# HEADRACE_PIPELINE_NICENESS=0 turns it off (freshness first on a machine busy with other work).
+PIPELINE_NICENESS = int(os.environ.get("HEADRACE_PIPELINE_NICENESS", "10"))
+
+
+def _lower_priority() -> None:
+    """Runs in the forked child before exec (so the JVM it starts inherits it)."""
+    if PIPELINE_NICENESS:
+        os.nice(PIPELINE_NICENESS)
 
 
 class PipelineSupervisor:
@@ -102,6 +113,7 @@ class PipelineSupervisor:
                 "--data-dir", str(self.data_dir), "--spark-master", self.spark_master,
                 stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
                 env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
+                preexec_fn=_lower_priority,
             )
         finally:
             output.close()

@@ -24,6 +24,7 @@ hr_diff / hr_seq / hr_row / hr_at added by `source_changes`."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +38,12 @@ from headrace.catalog.items import WebhookSource
 from headrace.catalog.views import MaterializedView
 from headrace.log.reader import read_records
 from headrace.materialize.protocol import Binding
+from headrace.materialize.runtime import DerivedBinding
 from headrace.materialize.sources import source_relation
 from headrace.sql.parser import parse_statement
 from headrace.sql.view_serving import view_binding
-from headrace.sql.views import InputRelation, ViewPlan, compile_view
+from headrace.sql.view_chain import chain_refusal, row_changes, stored_fields
+from headrace.sql.views import KEY_FIELD, InputRelation, ViewPlan, compile_view
 from headrace.webhook.record import decode_fields
 from headrace.webhook.rows import row_builder
 
@@ -50,11 +53,13 @@ Document = dict[str, Any]
 
 @dataclass(frozen=True)
 class SourceView:
-    """A view maintained as binding `index` of its source's materialization."""
+    """A view maintained as binding `index` of its source's materialization; `upstream`: for a view over a view,
+    the binding index of the view it reads (its documents derive from that view's changes: `derived_bindings`)."""
 
     view: MaterializedView
     plan: ViewPlan
     index: int
+    upstream: int | None = None
 
     @property
     def binding(self) -> Binding:
@@ -66,21 +71,78 @@ def compile_source_views(source: WebhookSource, views: Sequence[MaterializedView
     """Plans of the views reading `source`, compiled as the coordinator compiled them (same statement, same
     input columns). Returns the views and those that failed to compile (logged by the caller, not maintained)."""
     relation = source_relation(source)
+    by_name: dict[tuple[str, str], SourceView] = {}
 
     def lookup(schema: str, name: str) -> InputRelation | None:
-        return relation if (schema, name) == (source.schema, source.name) else None
+        if (schema, name) == (source.schema, source.name):
+            return relation
+        upstream = by_name.get((schema, name))
+        if upstream is None or chain_refusal(upstream.plan) is not None:
+            return None
+        columns = {o.name: o.pg_type for o in upstream.plan.outputs}
+        return InputRelation(kind="view", item_id=upstream.view.id, name=upstream.view.name, columns=columns,
+                             key=(KEY_FIELD,), append_only=upstream.plan.append_only)
 
     compiled: list[SourceView] = []
     failed: list[tuple[MaterializedView, Exception]] = []
-    for view in views:
+    for view in views:  # in dependency order: a view's input view is compiled before it
         try:
             statement = parse_statement(view.create_sql)
             plan = compile_view(statement, lookup)  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001 - one broken view must not stop its source
             failed.append((view, exc))
             continue
-        compiled.append(SourceView(view, plan, first_index + len(compiled)))
+        upstream = by_name.get((view.input_schema, view.input_name))
+        compiled.append(SourceView(view, plan, first_index + len(compiled),
+                                   upstream.index if upstream is not None else None))
+        by_name[(view.schema, view.name)] = compiled[-1]
     return compiled, failed
+
+
+_SPARK_ARROW_TYPES = {"int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64(), "float4": pa.float64(),
+                      "float8": pa.float64(), "numeric": pa.float64(), "text": pa.string(), "varchar": pa.string(),
+                      "bool": pa.bool_(), "jsonb": pa.string(), "json": pa.string(), "timestamptz": pa.int64()}
+
+
+class _ChangeSequence:
+    """Sequence numbers (arrival order) of derived changes: increasing across transactions and restarts."""
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def take(self, count: int) -> int:
+        first = max(self._last + 1, time.time_ns() // 1000)
+        self._last = first + count
+        return first
+
+
+def derived_bindings(spark: Any, views: Sequence[SourceView]) -> list[DerivedBinding]:
+    """The runtime's DerivedBinding of each view over a view: the upstream's changed documents become its public
+    rows' changes (sql/view_chain.py), a small DataFrame from which Spark computes the view's partial documents."""
+    from headrace.pipeline.views import view_documents
+
+    index = {view.index: view for view in views}
+    sequence = _ChangeSequence()
+    derived = []
+    for view in views:
+        if view.upstream is None:
+            continue
+        upstream = index[view.upstream]
+
+        def derive(changes: list[tuple[Document | None, Document | None]], checkpoint: dict[str, Any],
+                   upstream: SourceView = upstream, view: SourceView = view) -> list[tuple[list[Any], Document]]:
+            rows = row_changes(upstream.plan, changes, sequence.take(len(changes)))
+            if not rows:
+                return []
+            fields = [(name, _SPARK_ARROW_TYPES.get(pg_type, pa.string()))
+                      for name, _, pg_type in stored_fields(upstream.plan)]
+            schema = pa.schema([*fields, ("hr_diff", pa.int32()), ("hr_seq", pa.int64()), ("hr_row", pa.string()),
+                                ("hr_at", pa.int64())])
+            table = pa.Table.from_pylist(rows, schema=schema)
+            return view_documents(view.plan, spark.createDataFrame(table))
+
+        derived.append(DerivedBinding(upstream=upstream.index, binding=view.index, derive=derive))
+    return derived
 
 
 # ---------------------------------------------------------------------------------------------- rows
@@ -173,6 +235,7 @@ def view_documents_of(views: Sequence[SourceView], changes: Any) -> Iterator[tup
     """Every view's partial documents for one transaction's changes, as (binding, key, doc)."""
     from headrace.pipeline.views import view_documents
 
+    views = [view for view in views if view.upstream is None]  # views over views derive in the runtime
     if len(views) > 1:
         changes = changes.cache()  # one evaluation of the local data for every view
     try:

@@ -37,7 +37,9 @@ class Arrangement:
     """One index's rows by key. Build with `start()`; read with `await current()`; `close()` stops tailing."""
 
     def __init__(self, store: ServingStore, executor: ThreadPoolExecutor, target: SubscribeTarget,
-                 columns: Sequence[Column], key_positions: Sequence[int]) -> None:
+                 columns: Sequence[Column], key_positions: Sequence[int],
+                 alive: Callable[[], bool] = lambda: True) -> None:
+        """`alive`: whether the indexed relation still exists; the tail stops (and closes) once it does not."""
         from headrace.coordinator.subscribe import SubscriptionStream
 
         self.store = store
@@ -52,6 +54,7 @@ class Arrangement:
         self._lock = asyncio.Lock()
         self._tail: asyncio.Task[None] | None = None
         self._closed = False
+        self._alive = alive
         self.row_count = 0
 
     def key_of(self, row: Row) -> Key:
@@ -60,6 +63,10 @@ class Arrangement:
     @property
     def is_current(self) -> bool:
         return self._seen_commits == self.store.commit_count
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     async def start(self) -> None:
         await self.current()
@@ -130,6 +137,9 @@ class Arrangement:
     async def _tail_changes(self) -> None:
         while not self._closed:
             await asyncio.sleep(TAIL_INTERVAL_S)
+            if not self._alive():  # its relation was dropped: no reader may see these rows any more
+                self._closed = True
+                return
             try:
                 await self.current()
             except asyncio.CancelledError:

@@ -209,4 +209,7 @@ def test_views_over_a_view_follow_replacements(server: HeadraceProcess) -> None:
                  timeout=120, message=f"views over a view after replacements {generation}")
         assert query(server, "SELECT sum(n) FROM chain_signs")[0][0] == 60  # nothing doubled
     with psycopg.connect(server.dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.Error) as late:  # not backfilled yet: refused rather than wrong
+            conn.execute("CREATE MATERIALIZED VIEW chain_late AS SELECT g FROM chain_groups")
+        assert late.value.sqlstate == "0A000" and "backfilled" in str(late.value)
         conn.execute("DROP SOURCE chained CASCADE")

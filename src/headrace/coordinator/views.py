@@ -165,6 +165,13 @@ class ViewDdl:
                               f"{reason}",
                               hint="define the inner view without it (HAVING and expressions over aggregates can "
                                    "go in the outer view), or define the view over the source directly")
+        with self.store.cursor() as cursor:  # a view over a view is not backfilled (docs/views.md): refuse, not miss
+            holds_rows = cursor.execute(
+                f'SELECT count(*) > 0 FROM {INTERNAL_SCHEMA}."{upstream.materialization}"').fetchone()
+        if holds_rows and holds_rows[0]:
+            raise ViewRefused(f'materialized view "{name}" cannot read materialized view "{upstream.name}" '
+                              "once it holds rows: a view over a view is not backfilled yet",
+                              hint="create the outer view before data arrives, or define it over the source")
         root: MaterializedView | None = upstream
         while root is not None:
             inner = self.lookup(root.input_schema, root.input_name)

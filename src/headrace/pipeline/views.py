@@ -8,8 +8,9 @@ Input: a DataFrame of changes (the change-stream contract), one row per change:
     input row's key), hr_at long (arrival of this row version: orders first/last/array_agg).
 
 Spark parses JSON, evaluates WHERE, projections and group keys, shuffles by group and sums the weighted
-counts and sums (views whose states are all sums or extremes skip the shuffle: pipeline/view_partials.py); per group the few list-shaped states (value counts, keyed sets) are folded on the
-driver from Spark's collected lists. `view_documents` returns [(key, partial doc)] for
+counts and sums (views whose states are all sums or extremes skip the shuffle: pipeline/view_partials.py);
+per group the few list-shaped states (value counts, keyed sets) are folded on the driver from Spark's
+collected lists. `view_documents` returns [(key, partial doc)] for
 Runtime.transact; the runtime reduces each with the stored document and calls ViewPlan.finalize.
 """
 

@@ -202,7 +202,7 @@ class _BindingPlan:
         cursor.register(_COLUMNAR, converted)
         try:
             result = cursor.execute(f"SELECT {select} FROM {_COLUMNAR}").fetch_arrow_table()
-        except duckdb.ConversionException as exc:
+        except (duckdb.ConversionException, duckdb.InvalidInputException) as exc:
             raise DataError(f"a JSON column of {self.table} holds text that is not JSON: {exc}") from exc
         finally:
             cursor.unregister(_COLUMNAR)

@@ -11,12 +11,14 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh
 up: $(STAMP)
 	$(VENV)/bin/headrace up
 
+# Temporary directories of this checkout's own: pytest prunes old runs under /tmp/pytest-of-$USER, which
+# would delete the data directories of another checkout's run on the same machine.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp
 
 bench: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)
 	$(VENV)/bin/python bench/webhook_ingest.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .pytest-tmp .hypothesis

@@ -37,6 +37,17 @@ def pipeline_warm(server: HeadraceProcess) -> None:
         conn.execute(f"DROP TABLE {name}")
 
 
+def select_after_cold_start(conn: psycopg.Connection, sql: str, attempts: int = 5) -> list[tuple[object, ...]]:
+    """A read right after a (re)start waits for Spark's cold start and first micro-batch, which on a loaded machine
+    can exceed one read's 60 s bound (57P03): try again, as a client would."""
+    for _ in range(attempts - 1):
+        try:
+            return conn.execute(sql).fetchall()
+        except psycopg.errors.CannotConnectNow:
+            continue
+    return conn.execute(sql).fetchall()
+
+
 def psql(server: HeadraceProcess, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["psql", "-h", "127.0.0.1", "-p", str(server.pg_port), "-U", "headrace", "headrace", "-X", *args],
@@ -252,3 +263,40 @@ def test_sqlalchemy_reflects_a_table_and_its_primary_key(server: HeadraceProcess
         assert inspector.get_pk_constraint(name)["constrained_columns"] == ["tenant", "id"]
     finally:
         engine.dispose()
+
+
+def test_a_crash_between_the_table_appends_of_a_commit_is_completed_at_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fail point kills the server (and pipeline) after the first table's record of a two-table COMMIT is
+    durable and before the second's is written; the commit intent makes the restart complete it."""
+    process = HeadraceProcess(tmp_path / "data")
+    monkeypatch.setenv("HEADRACE_FAILPOINTS", "between_table_appends:1")
+    process.start()
+    monkeypatch.delenv("HEADRACE_FAILPOINTS")
+    try:
+        with psycopg.connect(process.dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE debits (id int PRIMARY KEY, amount int8)")
+            conn.execute("CREATE TABLE credits (id int PRIMARY KEY, amount int8)")
+            conn.execute("INSERT INTO debits VALUES (1, 10)")  # autocommit, one table: no fail point
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO debits VALUES (2, 50)")
+            conn.execute("INSERT INTO credits VALUES (2, 50)")
+            with pytest.raises(psycopg.OperationalError):
+                conn.execute("COMMIT")  # the server dies before answering
+        assert process.process is not None
+        process.process.wait(timeout=30)
+        assert "fail point between_table_appends reached" in process.output()
+        process.kill9()  # the process group's stragglers, if any
+        process.start()
+        with psycopg.connect(process.dsn, autocommit=True) as conn:
+            assert select_after_cold_start(conn, "SELECT id, amount FROM debits ORDER BY id") == [(1, 10), (2, 50)]
+            assert conn.execute("SELECT id, amount FROM credits ORDER BY id").fetchall() == [(2, 50)]
+            conn.execute("BEGIN")  # and a multi-table COMMIT without a crash still works after the redo
+            conn.execute("INSERT INTO debits VALUES (3, 7)")
+            conn.execute("INSERT INTO credits VALUES (3, 7)")
+            conn.execute("COMMIT")
+            assert conn.execute("SELECT count(*) FROM debits").fetchone() == (3,)
+            assert conn.execute("SELECT count(*) FROM credits").fetchone() == (2,)
+        assert not any((tmp_path / "data" / "table-commits").glob("*.intent"))
+    finally:
+        process.stop()

@@ -191,3 +191,25 @@ def test_real_sockets_webhook_then_metrics_and_gzip_on_one_connection(tmp_path: 
         assert [record.body for record in logged(tmp_path / "u1")] == [b'{"a": 1}', b'{"z": 1}', b'{"b": 1}']
 
     run(scenario)
+
+
+def test_real_sockets_pipelined_bodies_larger_than_the_shared_read_buffer(tmp_path: Path) -> None:
+    """Reads go through one buffer shared by all connections: bodies spanning many reads, on two
+    connections at once, arrive whole and in order."""
+    async def scenario() -> None:
+        registry = IngestRegistry()
+        registry.add(webhook_source("orders"), tmp_path / "u1")
+        front = await run_http(make_app(registry, ready=ServerState(ready=True)), "127.0.0.1", 0)
+        port = front.addresses[0][1]
+        bodies = [b'{"n": %d, "pad": "%s"}' % (n, b"x" * (150_000 + n * 7_000)) for n in range(6)]
+        first = b"".join(post("orders", body) for body in bodies[:3])
+        second = b"".join(post("orders", body) for body in bodies[3:])
+        answers = await asyncio.gather(raw_exchange(port, first, 3), raw_exchange(port, second, 3))
+        assert [statuses(got) for got in answers] == [[200, 200, 200], [200, 200, 200]]
+        await front.cleanup()
+        await registry.close_all()
+        logged_bodies = [record.body for record in logged(tmp_path / "u1")]
+        assert sorted(logged_bodies) == sorted(bodies)
+        assert [body for body in logged_bodies if body in bodies[:3]] == bodies[:3]
+
+    run(scenario)

@@ -104,3 +104,38 @@ def test_responses() -> None:
     assert b"\r\nRetry-After: 1\r\n" in busy and b"\r\nConnection: close\r\n" in busy
     assert busy.endswith(b"\r\n\r\ntoo many")
     assert b"\r\nAllow: POST\r\n" in writer.render(Reply(405, "no", allow="POST"))
+
+
+class _CallbackHead:
+    """The reference: headers as llhttp reports them through on_header callbacks."""
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+
+_HEADER_NAMES = st.sampled_from(["Host", "X-Key", "content-type", "Connection", "Idempotency-Key", "X-\u00e9"])
+_HEADER_VALUES = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x2FF, blacklist_characters="\x7f"),
+                         max_size=12)
+
+
+@given(st.lists(st.tuples(_HEADER_NAMES, _HEADER_VALUES, st.sampled_from(["", " ", "  ", "\t"])), max_size=6))
+def test_headers_are_split_as_llhttp_reports_them(fields: list[tuple[str, str, str]]) -> None:
+    lines = "".join(f"{name}:{space}{value}{space}\r\n" for name, value, space in fields)
+    raw = f"POST /api/webhook/a/b/c HTTP/1.1\r\n{lines}Content-Length: 0\r\n\r\n".encode()
+    import httptools
+
+    reference = _CallbackHead()
+    try:
+        httptools.HttpRequestParser(reference).feed_data(raw)
+    except httptools.HttpParserError:
+        assert parse_head(raw) is None
+        return
+    head = parse_head(raw)
+    if head is None:  # refused for another reason (a Connection: upgrade-like value): nothing to compare
+        return
+    expected = [(name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+                for name, value in reference.headers]
+    assert head.headers == expected

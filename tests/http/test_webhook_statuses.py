@@ -7,12 +7,14 @@ import asyncio
 import gzip
 import zlib
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from headrace.http.app import ServerState, make_app, run_http
+from headrace.log.group_commit import Settled
 from headrace.log.segments import SegmentedLog
 from headrace.webhook.ingest import IngestRegistry, IngestSettings
 from tests.http.test_webhook_http import logged, run, webhook_source
@@ -82,7 +84,20 @@ def test_concurrency_limits_answer_429_with_retry_after(tmp_path: Path, monkeypa
 
             return asyncio.ensure_future(later())  # durable only once released
 
-        monkeypatch.setattr(ingestor, "submit", slow)
+        original_then = ingestor.submit_then
+
+        def slow_then(headers: Any, body: bytes, received_at_us: int, settled: Settled) -> bool:
+            async def later() -> None:
+                await release.wait()
+                if not original_then(headers, body, received_at_us, settled):
+                    settled([], None)
+
+            pending.append(asyncio.ensure_future(later()))  # durable only once released
+            return True
+
+        pending: list[asyncio.Future[None]] = []
+        monkeypatch.setattr(ingestor, "submit", slow)  # aiohttp's route
+        monkeypatch.setattr(ingestor, "submit_then", slow_then)  # the fast path's
         runner, base = await start(registry)
         async with aiohttp.ClientSession() as http:
             held = [asyncio.create_task(http.post(f"{base}/api/webhook/headrace/public/orders", data=b"{}"))

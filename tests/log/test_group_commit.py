@@ -238,3 +238,54 @@ def test_committer_can_be_built_outside_the_loop(tmp_path: Path) -> None:
     committer = GroupCommitter(log)
     assert asyncio.run(committer.append(b"late start")) == 0
     log.close()
+
+
+def test_callback_waiters_share_batches_with_futures_and_hear_of_failures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> None:
+        log = SegmentedLog(tmp_path)
+        committer = GroupCommitter(log)
+        heard: dict[int, tuple[list[int] | None, BaseException | None]] = {}
+        all_heard = asyncio.Event()
+
+        def settled_for(index: int) -> object:
+            def settled(offsets: list[int] | None, error: BaseException | None) -> None:
+                heard[index] = (offsets, error)
+                if len(heard) == 10:
+                    all_heard.set()
+            return settled
+
+        futures = []
+        for index in range(20):
+            items = [f"r{index}-{n}".encode() for n in range(1 + index % 3)]
+            if index % 2:
+                committer.append_many_then(items, settled_for(index))  # type: ignore[arg-type]
+            futures.append(committer.append_many(items))
+        offsets_by_future = await asyncio.gather(*futures)
+        await asyncio.wait_for(all_heard.wait(), 10)
+        assert len(heard) == 10 and all(error is None for _, error in heard.values())
+        records = dict(read_records(tmp_path, 0, scan_end(tmp_path, 0)))
+        for index, (offsets, _) in heard.items():
+            assert offsets is not None
+            assert [records[offset] for offset in offsets] == [f"r{index}-{n}".encode() for n in range(1 + index % 3)]
+        every_offset = [o for offsets in offsets_by_future for o in offsets]
+        every_offset += [o for offsets, _ in heard.values() for o in offsets or []]
+        assert len(set(every_offset)) == len(every_offset) == len(records)
+
+        failed: list[tuple[list[int] | None, BaseException | None]] = []
+        done = asyncio.Event()
+
+        def failing_fdatasync(fd: int) -> None:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
+        committer.append_many_then([b"lost"], lambda offsets, error: (failed.append((offsets, error)), done.set()))
+        await asyncio.wait_for(done.wait(), 10)
+        monkeypatch.undo()
+        assert failed[0][0] is None and isinstance(failed[0][1], ServiceUnavailable)
+        with pytest.raises(ServiceUnavailable):
+            committer.append_many_then([b"later"], lambda offsets, error: None)
+        await committer.close()
+        log.close()
+
+    asyncio.run(scenario())

@@ -341,6 +341,42 @@ async def test_cancel_interrupts_a_running_execute() -> None:
 
 
 @async_test
+async def test_a_cancel_after_its_statement_ended_does_not_cancel_the_next_one() -> None:
+    """Statements reuse one cancel event until it is set; a late cancel (the session kept the event of a
+    statement that already ended) must not leak into the next statement, simple or extended."""
+    client = Client()
+    session = await client.start()
+    replies, _ = await client.send(wc.query("SELECT 1"))
+    assert wc.kinds(replies) == ["T", "D", "C", "Z"]
+    for next_statement in (wc.query("SELECT pg_sleep"),
+                           wc.parse("", "SELECT pg_sleep") + wc.bind("", "") + wc.execute("") + wc.sync()):
+        client.connection.receive_data(wc.query("SELECT pg_sleep"))
+        first = asyncio.create_task(client.connection.step())
+        while session.running is None:
+            await asyncio.sleep(0.001)
+        late = session.running  # the event a CancelRequest would still reach once the statement ended
+        late.set()
+        await asyncio.wait_for(first, 2)
+        late.set()  # the cancel arrives again, after the end of its statement
+        client.connection.take_output()
+        client.connection.receive_data(next_statement)
+        running = asyncio.create_task(_drain(client.connection))
+        while session.running is None:
+            await asyncio.sleep(0.001)
+        assert session.running is not late and not session.running.is_set()
+        await asyncio.sleep(0.01)
+        assert not running.done()
+        client.connection.cancel_running()
+        await asyncio.wait_for(running, 2)
+        assert error_of(wc.decode_backend(client.connection.take_output()))["C"] == "57014"
+
+
+async def _drain(connection: PgConnection) -> None:
+    while await connection.step() is not None:
+        pass
+
+
+@async_test
 async def test_terminate_and_protocol_violations_close() -> None:
     client = Client()
     session = await client.start()

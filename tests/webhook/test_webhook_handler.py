@@ -208,3 +208,24 @@ def test_check_now_is_the_arrival_time() -> None:
     assert validate(item, b"{}", [("ts", str(arrival - 299))])
     assert rejection(item, b"{}", [("ts", str(arrival - 301))]).message == CHECK_FAILED
     assert validate(item, b"{}", [("ts", str(arrival - 301))], at=NOW_US - 10_000_000)
+
+
+_JSON_PIECES = st.sampled_from(['{"a": 1}', "[1, 2.50]", '"\\ud800"', "1e400", "NaN", " ", "\n", "\ufeff", "{", "]",
+                                "123456789012345678901234567890", '"x"', "null", "\t{}\r\n", "\u00e9", "\x01", ",",
+                                "[" * 300, "]" * 300, "[" * 1000 + "]" * 1000])  # deep: the standard decoder decides
+
+
+@given(st.lists(_JSON_PIECES, max_size=5).map("".join).map(str.encode) | st.binary(max_size=40))
+def test_a_body_no_expression_reads_is_split_and_refused_as_one_that_is_read(body: bytes) -> None:
+    """IDEMPOTENT on a header: the body is only validated (orjson first), with the same outcome."""
+    on_header = WebhookHandler(source("IDEMPOTENT (headers->>'k')"))
+    on_body = WebhookHandler(source("IDEMPOTENT (coalesce(body->>'a', headers->>'k'))"))
+    headers = [("K", "key")]
+
+    def outcome(handler: WebhookHandler) -> object:
+        try:
+            return [record.body for record in handler.validate(headers, body, NOW_US)]
+        except WebhookRejected as error:
+            return error.status, error.message
+
+    assert outcome(on_header) == outcome(on_body)

@@ -81,12 +81,15 @@ def literal_value(written: str) -> str | int | None:
 
 # ---- values ------------------------------------------------------------------------------------------
 
+_INTEGER_TEXT = re.compile(r"\s*[+-]?\d+\s*")
+
+
 def _as_int(value: Any) -> int:
     if isinstance(value, bool):
         raise Declined
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+    if isinstance(value, str) and _INTEGER_TEXT.fullmatch(value):
         return int(value)
     raise Declined
 
@@ -438,15 +441,20 @@ class FastPath:
         if arrangement is None or arrangement.closed:  # the index or its relation is gone: DuckDB says so
             return None
         try:
-            key = tuple(source.value(params, statement.literals) for source in fast.key)
+            literals = statement.literals
+            key = tuple([source.value(params, literals) for source in fast.key])
             if None in key:
                 return []
-            residual = [(position, source.value(params, statement.literals)) for position, source in fast.residual]
             # nothing committed since the last catch-up: no await at all (the common case under load)
             by_key = arrangement.rows if arrangement.is_current else await arrangement.current()
             rows = by_key.get(key, ())
-            result = [project(fast, row) for row in rows
-                      if all(row[position] == value and value is not None for position, value in residual)]
+            if fast.residual:  # computed even without rows: a value that fails to cast declines
+                residual = [(position, source.value(params, literals)) for position, source in fast.residual]
+                result: list[Row] = [project(fast, row) for row in rows
+                                     if all(row[position] == value and value is not None
+                                            for position, value in residual)]
+            else:
+                result = [project(fast, row) for row in rows]
         except Declined:
             self.declined += 1
             return None

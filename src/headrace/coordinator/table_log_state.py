@@ -38,9 +38,14 @@ class TableLog:
             self._overlay.append((next_offset(offset, payload), rows))
         return len(self._overlay)
 
-    async def append(self, changes: list[RowChange]) -> int:
+    @property
+    def next_offset(self) -> int:
+        """Where the next record goes. Exact while `lock` is held (appends happen under it, and are awaited)."""
+        return self._log.end_offset
+
+    async def append(self, changes: list[RowChange], transaction: str | None = None) -> int:
         """Append one record of changes; returns once it is durable (fsync'd). Hold `lock`."""
-        payload = encode_changes(changes)
+        payload = encode_changes(changes, transaction)
         offsets = await self._committer.append_many([payload])
         end = next_offset(offsets[0], payload)
         self._overlay.append((end, {change.key: change.new for change in changes}))

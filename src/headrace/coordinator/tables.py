@@ -13,8 +13,8 @@ touched table (in id order), checks that no other transaction changed the rows t
 read them (else 40001), and appends one record per table; ROLLBACK drops them. One record per table is
 atomic for that table (whole or absent in the log, one materialization transaction in the pipeline). Across
 tables of one COMMIT, every statement that starts after COMMIT returned sees all of them (read-your-writes
-waits for each); a crash during the appends of a multi-table COMMIT may keep a prefix of its tables
-(documented in docs/tables.md).
+waits for each); a multi-table COMMIT writes a durable commit intent before its appends, so a crash between
+them is completed at start (coordinator/table_commits.py, docs/tables.md).
 
 Read-your-writes: every acknowledged write raises its table's `acked_end`; a SELECT / COPY TO / SUBSCRIBE
 first waits until the serving store's checkpoint of each table it may read has `log_end >= acked_end`."""
@@ -36,7 +36,9 @@ from sqlglot import exp
 
 from headrace.catalog.catalog import Catalog
 from headrace.catalog.tables import HIDDEN_ROW_ID, HIDDEN_VERSION, Table
+from headrace import failpoints
 from headrace.coordinator import table_changes as changes
+from headrace.coordinator import table_commits as commits
 from headrace.coordinator.responses import Column, CommandComplete, ExecuteResponse, SendingRows, StatementDescription
 from headrace.coordinator.session import Session
 from headrace.coordinator.table_log_state import TableLog
@@ -44,7 +46,7 @@ from headrace.coordinator.table_writes import WriteComputer
 from headrace.errors import DuplicateObject, HeadraceError, UndefinedObject
 from headrace.sql import table_statements as grammar
 from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore
-from headrace.store.table_log import ValueError_, to_document
+from headrace.store.table_log import ValueError_, encode_changes, to_document
 from headrace.store.table_reads import (
     applied_checkpoints,
     applied_ends,
@@ -84,7 +86,11 @@ class Tables:
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     async def open_all(self) -> None:
-        """Start-up: each table's store table, public relation and log (repairing what a crash left half-made)."""
+        """Start-up: each table's store table, public relation and log (repairing what a crash left half-made),
+        after completing the multi-table COMMITs a crash interrupted (coordinator/table_commits.py)."""
+        live = {table.id: table for table in self.catalog.tables()}
+        await self._run(commits.recover, commits.intents_directory(self.data_root),
+                        lambda table_id: self._log_dir(live[table_id]) if table_id in live else None)
         for table in self.catalog.tables():
             try:
                 await self._ensure(table)
@@ -286,10 +292,28 @@ class Tables:
                     committed_rows = await self._existing(part.table, checked, overlay)
                     if changes.conflicts(part, committed_rows, checked):
                         raise changes.serialization_failure(part.table)
-                await asyncio.gather(*(table_log.append(part.changes()) for part, table_log in zip(touched, logs)))
+                await self._append_commit(touched, logs)
         except BaseException:
             session.end_transaction(committed=False)
             raise
+
+    async def _append_commit(self, touched: list[changes.PendingTable], logs: list[TableLog]) -> None:
+        """One table: its record. Several: a durable commit intent first (coordinator/table_commits.py), so a
+        crash between the per-table appends is completed at start; the first append alone, then the others."""
+        if len(touched) == 1:
+            await logs[0].append(touched[0].changes())
+            return
+        transaction = commits.new_transaction_id()
+        intent = commits.CommitIntent(transaction, {
+            part.table.id: (table_log.next_offset, encode_changes(part.changes(), transaction))
+            for part, table_log in zip(touched, logs)})
+        path = await self._run(commits.write_intent, commits.intents_directory(self.data_root), intent)
+        # A failure from here on leaves the intent: the transaction is decided and completes at the next start.
+        await logs[0].append(touched[0].changes(), transaction)
+        failpoints.reached("between_table_appends")
+        await asyncio.gather(*(table_log.append(part.changes(), transaction)
+                               for part, table_log in zip(touched[1:], logs[1:])))
+        await self._run(commits.remove_intent, path)
 
     # ---- read-your-writes ---------------------------------------------------------------------------
     def behind(self, statement_sql: str | None = None,

@@ -40,18 +40,17 @@ class RequestHead:
     keep_alive: bool
 
 
-class _HeadCollector:
-    __slots__ = ("url", "headers")
+class _UrlCollector:
+    """llhttp's callbacks: the URL only. Without on_header, llhttp still validates every header line
+    but calls no Python per header; the lines are split here from the (validated) head instead."""
+
+    __slots__ = ("url",)
 
     def __init__(self) -> None:
         self.url = b""
-        self.headers: list[tuple[bytes, bytes]] = []
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
 
 
 def find_head_end(buffer: bytes | bytearray, start: int) -> int:
@@ -62,8 +61,9 @@ def find_head_end(buffer: bytes | bytearray, start: int) -> int:
 
 def parse_head(head: bytes) -> RequestHead | None:
     """The head of a webhook request the fast path handles, or None: anything else (another path,
-    Content-Encoding, Expect, Upgrade, other transfer codings, a malformed head) goes to aiohttp."""
-    collector = _HeadCollector()
+    Content-Encoding, Expect, Upgrade, other transfer codings, a malformed head) goes to aiohttp.
+    `head` ends with the blank line (as find_head_end cuts it)."""
+    collector = _UrlCollector()
     parser = httptools.HttpRequestParser(collector)
     try:
         parser.feed_data(head)
@@ -72,19 +72,30 @@ def parse_head(head: bytes) -> RequestHead | None:
     url = collector.url
     if not url.startswith(WEBHOOK_PREFIX):
         return None
-    segments = _path_segments(url)
+    segments = _SEGMENTS.get(url)
     if segments is None:
-        return None
+        segments = _path_segments(url)
+        if segments is None:
+            return None
+        if len(_SEGMENTS) >= _SEGMENTS_CACHED:
+            _SEGMENTS.clear()
+        _SEGMENTS[url] = segments
+    # As aiohttp decodes header bytes: UTF-8, undecodable bytes kept as surrogates (ASCII: one decode).
+    text = head.decode("ascii") if head.isascii() else head.decode("utf-8", "surrogateescape")
+    lines = text.split("\r\n")
     content_length: int | None = None
     chunked = False
     connection = ""
     headers: list[tuple[str, str]] = []
-    for raw_name, raw_value in collector.headers:
-        # As aiohttp decodes header bytes: UTF-8, undecodable bytes kept as surrogates.
-        name = raw_name.decode("utf-8", "surrogateescape")
-        value = raw_value.decode("utf-8", "surrogateescape")
+    for line in lines[1:-2]:  # after the request line, before the blank line
+        if not line or line[0] in " \t":
+            return None  # obsolete line folding (or a bare LF llhttp let through): aiohttp decides
+        name, _, value = line.partition(":")
+        value = value.lstrip(" \t")  # as llhttp reports it: trailing whitespace kept
         headers.append((name, value))
         lowered = name.lower()
+        if lowered not in _FRAMING_HEADERS:
+            continue
         if lowered == "content-length":
             if content_length is not None:
                 return None
@@ -106,9 +117,17 @@ def parse_head(head: bytes) -> RequestHead | None:
     if major != "1":
         return None
     # Decided here: llhttp's should_keep_alive() is only right once the message is complete.
-    options = {option.strip() for option in connection.split(",")}
-    keep_alive = "keep-alive" in options if minor == "0" else "close" not in options
+    if connection:
+        options = {option.strip() for option in connection.split(",")}
+        keep_alive = "keep-alive" in options if minor == "0" else "close" not in options
+    else:
+        keep_alive = minor != "0"
     return RequestHead(parser.get_method().decode("ascii"), segments, headers, content_length, chunked, keep_alive)
+
+
+_FRAMING_HEADERS = frozenset(("content-length", "transfer-encoding", "content-encoding", "expect", "connection"))
+_SEGMENTS_CACHED = 1024  # URLs -> decoded (database, schema, name): senders post to few URLs
+_SEGMENTS: dict[bytes, tuple[str, str, str]] = {}
 
 
 def _path_segments(url: bytes) -> tuple[str, str, str] | None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from headrace.errors import HeadraceError, ServiceUnavailable
+from headrace.log.group_commit import Settled
 from headrace.webhook.handler import WebhookRejected
 from headrace.webhook.ingest import IngestRegistry, SourceIngestor
 
@@ -102,6 +103,18 @@ class WebhookEndpoint:
         if isinstance(pending, list):
             return self.accepted(ingestor, len(pending), received_at_us, size, started)
         return pending
+
+    def submit_then(self, ingestor: SourceIngestor, headers: Sequence[tuple[str, str]], body: bytes,
+                    received_at_us: int, started: float, settled: Settled) -> Reply | None:
+        """`submit` without a future: a Reply at once, or None when the rows are queued and
+        `settled(offsets, error)` will run in the event loop (then call `accepted` or `failed`)."""
+        size = len(body)
+        ingestor.metrics.bytes_received += size
+        try:
+            queued = ingestor.submit_then(headers, body, received_at_us, settled)
+        except (WebhookRejected, HeadraceError) as error:
+            return self.failed(ingestor, error, received_at_us, size, started)
+        return None if queued else self.accepted(ingestor, 0, received_at_us, size, started)
 
     def accepted(self, ingestor: SourceIngestor, rows: int, received_at_us: int, size: int, started: float) -> Reply:
         latency = time.perf_counter() - started

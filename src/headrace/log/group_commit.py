@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from headrace.errors import ServiceUnavailable
@@ -58,7 +60,11 @@ def next_offset(offset: int, payload: bytes) -> int:
     return offset + HEADER_BYTES + len(payload)
 
 
-_Entry = tuple[list[Any], "asyncio.Future[list[int]]"]
+log = logging.getLogger(__name__)
+
+# Called in the event loop once a batch is durable: (offsets, None), or (None, ServiceUnavailable).
+Settled = Callable[[list[int] | None, BaseException | None], None]
+_Entry = tuple[list[Any], "asyncio.Future[list[int]] | Settled"]
 
 
 class GroupCommitter:
@@ -97,6 +103,19 @@ class GroupCommitter:
         """Append items (payloads, or what the codec encodes) in one batch. Await the result for
         their offsets, once all are durable. (A plain future, not a coroutine: no task or coroutine
         object per request.)"""
+        loop = self._loop_for_append()
+        future: asyncio.Future[list[int]] = loop.create_future()
+        self._enqueue(items, future)
+        return future
+
+    def append_many_then(self, items: list[Any], settled: Settled) -> None:
+        """`append_many` for the HTTP hot path: `settled(offsets, None)`, or `settled(None, error)`,
+        is called in the event loop once the batch is durable (or failed), straight from the batch's
+        wake-up: no future, no done-callback and no extra turn of the loop per request."""
+        self._loop_for_append()
+        self._enqueue(items, settled)
+
+    def _loop_for_append(self) -> asyncio.AbstractEventLoop:
         if self._failure is not None:
             raise ServiceUnavailable(f"could not write the source's log: {self._failure}")
         if self._closing:
@@ -104,16 +123,17 @@ class GroupCommitter:
         loop = self._loop
         if loop is None:  # started lazily: the committer may be built before the event loop runs
             loop = self._start()
-        future: asyncio.Future[list[int]] = loop.create_future()
+        return loop
+
+    def _enqueue(self, items: list[Any], waiter: asyncio.Future[list[int]] | Settled) -> None:
         with self._lock:
-            self._pending.append((items, future))
+            self._pending.append((items, waiter))
             self._pending_items += len(items)
             # One futex wake-up per idle period of the writer, not per request. At once, not at the
             # end of this turn of the loop: the fsync then overlaps the loop's work on the others.
             if self._writer_waiting:
                 self._writer_waiting = False
                 self._wakeup.notify()
-        return future
 
     @property
     def queued(self) -> int:
@@ -180,12 +200,12 @@ class GroupCommitter:
             taken = 0
             pending = self._pending
             while pending and (not batch or taken + len(pending[0][0]) <= self._max_batch):
-                items, future = pending.popleft()
+                items, waiter = pending.popleft()
                 self._pending_items -= len(items)
                 # The caller gave up before the write: it never got a 200. (Reading another
                 # thread's future state is a benign race: at worst it is written anyway.)
-                if not future.cancelled():
-                    batch.append((items, future))
+                if not (isinstance(waiter, asyncio.Future) and waiter.cancelled()):
+                    batch.append((items, waiter))
                     taken += len(items)
             return batch
 
@@ -196,10 +216,7 @@ class GroupCommitter:
         items = batch[0][0] if len(batch) == 1 else [item for entry_items, _ in batch for item in entry_items]
         try:
             payloads = self._codec.encode(items, self._log.end_offset)
-            for payload in payloads:
-                if not 0 < len(payload) <= MAX_PAYLOAD_BYTES:
-                    raise ValueError(f"a record payload must be 1..{MAX_PAYLOAD_BYTES} bytes, got {len(payload)}")
-            offsets = self._log.append_offsets(payloads)
+            offsets = self._log.append_offsets(payloads)  # checks each payload's size (ValueError: a bug)
         except OSError as error:  # the write was cut back: only this batch fails
             self._settle(batch, None, str(error))
             return
@@ -238,19 +255,24 @@ def _set_done(future: asyncio.Future[None]) -> None:
 
 def _resolve(batch: list[_Entry], offsets: list[int] | None, failure: str | None) -> None:
     """Runs in the event loop: every waiter of a batch gets its offsets, or ServiceUnavailable."""
-    if offsets is None:
-        for _, future in batch:
-            if not future.done():
-                future.set_exception(ServiceUnavailable(f"could not write the source's log: {failure}"))
-        return
-    if len(batch) == 1:
-        future = batch[0][1]
-        if not future.done():
-            future.set_result(offsets)
-        return
     position = 0
-    for entry_items, future in batch:
-        count = len(entry_items)
-        if not future.done():
-            future.set_result(offsets[position:position + count])
-        position += count
+    single = len(batch) == 1
+    for entry_items, waiter in batch:
+        if offsets is None:
+            mine, error = None, ServiceUnavailable(f"could not write the source's log: {failure}")
+        else:
+            count = len(entry_items)
+            mine, error = (offsets if single else offsets[position:position + count]), None
+            position += count
+        if isinstance(waiter, asyncio.Future):
+            if waiter.done():
+                continue
+            if error is None:
+                waiter.set_result(mine)
+            else:
+                waiter.set_exception(error)
+            continue
+        try:
+            waiter(mine, error)
+        except Exception:  # noqa: BLE001 - one waiter's bug must not keep the others of the batch waiting
+            log.exception("a group commit waiter failed")

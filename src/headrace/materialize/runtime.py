@@ -42,6 +42,7 @@ from __future__ import annotations
 import gc
 import itertools
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -207,6 +208,8 @@ class Runtime:
         self._acknowledged = False  # the driver's previous commit is done (Acknowledged received)
         self.driver_state: dict[str, Any] = {}  # the driver's state as of the last response that updated it
         self.committed_transactions = 0
+        # Seconds per phase of the last transaction (observability: combine, ack_wait, load, reduce, store, commit).
+        self.phase_seconds: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------ public
 
@@ -269,11 +272,14 @@ class Runtime:
         the caller knows the state of, e.g. a source's rows under fresh log offsets and deletions of replaced ones."""
         self._check_usable()
         with self._failing_permanently(), _cyclic_gc_paused():
+            started = time.perf_counter()
             txn = _Transaction()
             self._combine_into(txn, documents)
+            combined = time.perf_counter() - started
             self._send_acknowledge()
             self._send_loads(self._new_loads(txn))
             self._finish(txn, runtime_checkpoint, columns)
+            self.phase_seconds["combine"] = combined
 
     def wait_acknowledged(self) -> None:
         """Acknowledge (if not yet sent) and wait for the driver's Acknowledged: its previous commit is done (for
@@ -328,11 +334,23 @@ class Runtime:
                 columns: Sequence[StoreColumns] = ()) -> None:
         """Steps 3-6: await the previous commit, flush loads, reduce, derive downstream bindings' documents (each a
         further round of Loads), store reduced documents, commit."""
+        self.phase_seconds = phases = {}
+        mark = time.perf_counter()
+
+        def lap(phase: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            phases[phase] = phases.get(phase, 0.0) + now - mark
+            mark = now
+
         self._await_acknowledged()
+        lap("ack_wait")
         self._flush_round(txn)
+        lap("load")
         finals: dict[Hashable, Document | None] = {}
         downstream = {derived.binding for derived in self._derived}
         self._reduce_into(txn, finals, lambda binding: binding not in downstream)
+        lap("reduce")
         for derived in self._derived:  # in dependency order: an upstream is final before its readers derive
             changed = [(txn.loaded.get(identity), finals[identity])
                        for identity, (binding, _, _) in txn.combined.items()
@@ -344,16 +362,19 @@ class Runtime:
                 self._send_loads(self._new_loads(txn))
                 self._flush_round(txn)  # a further round: the downstream keys are known only now
             self._reduce_into(txn, finals, lambda binding, target=derived.binding: binding == target)
+        lap("derive")
         self._send_stores(txn, finals)
         for store_columns in columns:
             if not 0 <= store_columns.binding < len(self._delta):
                 raise MaterializationError(f"columnar Store names binding {store_columns.binding}, "
                                            f"spec has {len(self._delta)}")
             self._send([store_columns])
+        lap("store")
         self._send([StartCommit(runtime_checkpoint)])
         self._expect(StartedCommit)
         if self.recovery_log is not None:  # the checkpoint and StartedCommit's driver state, atomically
             self.recovery_log.commit(runtime_checkpoint, self.driver_state)
+        lap("commit")
         # The next transaction starts: its Acknowledge is unsent and the driver's Acknowledged is pending.
         self._acknowledge_sent = False
         self._acknowledged = False

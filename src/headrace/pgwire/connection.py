@@ -62,6 +62,8 @@ class CancelRequested:
 Effect = Signal | CancelRequested
 
 _EXTENDED_MESSAGES = (messages.Parse, messages.Bind, messages.Describe, messages.Execute, messages.Close)
+_EXTENDED_DISPATCH: dict[type, str] = {messages.Parse: "parse", messages.Bind: "bind", messages.Describe: "describe",
+                                        messages.Execute: "execute", messages.Close: "close"}
 _IGNORED_OUTSIDE_COPY = (messages.CopyData, messages.CopyDone, messages.CopyFail)  # as PostgreSQL does
 
 
@@ -81,6 +83,7 @@ class PgConnection:
         self._session: SessionClient | None = None
         self._extended: ExtendedQueryHandler | None = None
         self._running_cancel: asyncio.Event | None = None  # set by cancel_running()
+        self._idle_cancel: asyncio.Event | None = None  # reused by _cancel_event() until set
         self._terminated = False
         self._copy_in: CopyIn | None = None
         # Set by the transport: write the out buffer now. COPY TO uses it to stream mid-statement.
@@ -146,6 +149,14 @@ class PgConnection:
 
     async def handle(self, message: messages.FrontendMessage) -> list[Effect]:
         state = self._state
+        if state is ConnectionState.READY or state is ConnectionState.IN_EXTENDED_BATCH:
+            # The per-query path: one dict lookup instead of the isinstance chain below.
+            kind = type(message)
+            if kind is messages.Sync:
+                return self._sync()
+            extended = _EXTENDED_DISPATCH.get(kind)
+            if extended is not None:
+                return await self._handle_extended(message, extended)
         if state is ConnectionState.CLOSED:
             return [Signal.CLOSE]
         if state is ConnectionState.AWAITING_STARTUP:
@@ -161,7 +172,7 @@ class PgConnection:
         if state is ConnectionState.AWAITING_SYNC:
             return self._sync() if isinstance(message, messages.Sync) else []
         if isinstance(message, _EXTENDED_MESSAGES):
-            return await self._handle_extended(message)
+            return await self._handle_extended(message, _EXTENDED_DISPATCH[type(message)])
         if isinstance(message, messages.Sync):
             return self._sync()
         if isinstance(message, messages.Flush):
@@ -236,7 +247,7 @@ class PgConnection:
 
     async def _handle_query(self, message: messages.Query) -> list[Effect]:
         session = self._require_session()
-        self._running_cancel = asyncio.Event()
+        self._running_cancel = self._cancel_event()
         try:
             copy_in = await run_simple_query(session, message.sql, self._out, self._running_cancel, self.flush_output,
                                              self.watch_peer)
@@ -251,33 +262,43 @@ class PgConnection:
         self._call_safely(session.close_statement, UNNAMED)
         return self._sync()
 
-    async def _handle_extended(self, message: messages.FrontendMessage) -> list[Effect]:
+    async def _handle_extended(self, message: messages.FrontendMessage, kind: str) -> list[Effect]:
         extended = self._extended
         assert extended is not None
         self._state = ConnectionState.IN_EXTENDED_BATCH
+        out = self._out
         try:
-            if isinstance(message, messages.Parse):
-                await extended.parse(message, self._out)
-            elif isinstance(message, messages.Bind):
-                extended.bind(message, self._out)
-            elif isinstance(message, messages.Describe):
-                extended.describe(message, self._out)
-            elif isinstance(message, messages.Execute):
-                self._running_cancel = asyncio.Event()
+            if kind == "execute":
+                cancel = self._cancel_event()
+                self._running_cancel = cancel
                 try:
-                    copy_in = await extended.execute(message, self._out, self._running_cancel, self.flush_output,
+                    copy_in = await extended.execute(message, out, cancel, self.flush_output,  # type: ignore[arg-type]
                                                      self.watch_peer)
                     if copy_in is not None:
                         return self._enter_copy_in(copy_in)
                 finally:
                     self._running_cancel = None
-            elif isinstance(message, messages.Close):
-                extended.close(message, self._out)
+            elif kind == "bind":
+                extended.bind(message, out)  # type: ignore[arg-type]
+            elif kind == "parse":
+                await extended.parse(message, out)  # type: ignore[arg-type]
+            elif kind == "describe":
+                extended.describe(message, out)  # type: ignore[arg-type]
+            else:
+                extended.close(message, out)  # type: ignore[arg-type]
         except Exception as exc:
             self._report_error(exc)
             self._state = ConnectionState.AWAITING_SYNC
             return [Signal.FLUSH]  # like PostgreSQL: a client waiting after Flush must see the error
         return []
+
+    def _cancel_event(self) -> asyncio.Event:
+        """The event a CancelRequest sets for the next statement: one per connection, replaced only once
+        set (a cancel that arrived after its statement ended must not cancel the next one)."""
+        event = self._idle_cancel
+        if event is None or event.is_set():
+            event = self._idle_cancel = asyncio.Event()
+        return event
 
     # --- COPY FROM STDIN ---------------------------------------------------------------------------
 

@@ -21,10 +21,18 @@ from headrace.pgwire import messages
 from headrace.pgwire.types import BINARY_FORMAT, TEXT_FORMAT, type_size, value_encoder
 
 
+# Per-query work cached across statements and connections (keys are immutable: Column is frozen).
+# Bounded: a client inventing new column lists forever only clears them now and then.
+_CACHE_LIMIT = 4096
+_ALL_TEXT = [(TEXT_FORMAT,) * count for count in range(64)]
+_row_descriptions: dict[tuple[tuple[Column, ...], tuple[int, ...]], bytes] = {}
+_encoders: dict[tuple[tuple[Column, ...], tuple[int, ...]], list[Callable[[object], bytes]]] = {}
+
+
 def resolve_formats(codes: Sequence[int], column_count: int) -> tuple[int, ...]:
     """Bind's result format codes expanded to one per column: none = all text, one = for all."""
     if not codes:
-        return (TEXT_FORMAT,) * column_count
+        return _ALL_TEXT[column_count] if column_count < 64 else (TEXT_FORMAT,) * column_count
     for code in codes:
         if code not in (TEXT_FORMAT, BINARY_FORMAT):
             raise HeadraceError(f"unsupported format code: {code}", sqlstate="22023")
@@ -37,6 +45,28 @@ def resolve_formats(codes: Sequence[int], column_count: int) -> tuple[int, ...]:
 
 
 def row_description(columns: Sequence[Column], formats: Sequence[int]) -> bytes:
+    key = (tuple(columns), tuple(formats))
+    cached = _row_descriptions.get(key)
+    if cached is None:
+        if len(_row_descriptions) >= _CACHE_LIMIT:
+            _row_descriptions.clear()
+        cached = _row_descriptions[key] = _encode_row_description(columns, formats)
+    return cached
+
+
+def column_encoders(columns: Sequence[Column], formats: Sequence[int]) -> list[Callable[[object], bytes]]:
+    """One value encoder per column (shared: callers must not change the list)."""
+    key = (tuple(columns), tuple(formats))
+    cached = _encoders.get(key)
+    if cached is None:
+        if len(_encoders) >= _CACHE_LIMIT:
+            _encoders.clear()
+        cached = _encoders[key] = [value_encoder(column.type_oid, format_code)
+                                   for column, format_code in zip(columns, formats, strict=True)]
+    return cached
+
+
+def _encode_row_description(columns: Sequence[Column], formats: Sequence[int]) -> bytes:
     return messages.row_description([
         (column.name, column.type_oid,
          column.type_size if column.type_size != -1 else type_size(column.type_oid),
@@ -53,9 +83,7 @@ def append_result(out: bytearray, result: ExecuteResponse, formats: Sequence[int
     if isinstance(result, SendingRows):
         if with_row_description:
             out += row_description(result.columns, formats)
-        encoders = [value_encoder(column.type_oid, format_code)
-                    for column, format_code in zip(result.columns, formats, strict=True)]
-        messages.append_data_rows(out, result.rows, encoders)
+        messages.append_data_rows(out, result.rows, column_encoders(result.columns, formats))
         if result.suspended:
             out += messages.portal_suspended()
         else:

@@ -63,6 +63,8 @@ async def serve_connection(adapter: AdapterClient, reader: asyncio.StreamReader,
         while data := await reader.read(READ_CHUNK_SIZE):
             connection.receive_data(data)
             while (effects := await connection.step()) is not None:
+                if not effects and connection.pending_output_size < WRITE_HIGH_WATER:
+                    continue  # mid-batch (Parse, Bind, ...): nothing to do until Sync or Flush
                 if not await _apply_effects(adapter, connection, writer, effects):
                     return
                 if Signal.START_TLS in effects:

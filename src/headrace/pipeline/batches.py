@@ -18,6 +18,7 @@ versions of replaced rows are a small extra frame, unioned only when the batch h
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -31,10 +32,11 @@ from headrace.catalog.items import WebhookSource
 from headrace.materialize.protocol import StoreColumns
 from headrace.materialize.runtime import Runtime
 from headrace.materialize.sources import source_binding
-from headrace.pipeline.view_changes import SourceView, batch_changes, input_table, view_documents_of
+from headrace.pipeline.view_changes import OneJobBatch, SourceView, batch_changes, input_table, view_documents_of
 
 log = logging.getLogger(__name__)
-SLOW_BATCH_S = 2.0  # a batch taking longer is logged with where its time went
+# A batch taking longer is logged with where its time went (HEADRACE_SLOW_BATCH_S=0 logs every batch).
+SLOW_BATCH_S = float(os.environ.get("HEADRACE_SLOW_BATCH_S", "2.0"))
 
 
 class SourceBatches:
@@ -51,6 +53,8 @@ class SourceBatches:
         self.committed_batch_id = committed_batch_id
         self.binding = source_binding(source)
         self.last_batch_seconds = 0.0
+        # One Spark job per batch when every view qualifies (view_changes.OneJobBatch); else persist + a job per view.
+        self.one_job = OneJobBatch(source, self.views) if OneJobBatch.eligible(source, self.views) else None
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         if batch_id <= self.committed_batch_id:
@@ -58,10 +62,14 @@ class SourceBatches:
                      self.source.materialization, batch_id)
             return
         started = time.monotonic()
+        if self.one_job is not None:
+            self._one_job(frame, batch_id, started)
+            return
         if self.views:
             frame = frame.persist()  # read and decoded once for the collection and every view
         try:
             table = frame.toArrow()  # partitions are ordered offset ranges: rows arrive in log order
+            read = time.monotonic()
             if table.num_rows == 0:
                 return
             log_end = pc.max(table["next_offset"]).as_py()
@@ -74,13 +82,34 @@ class SourceBatches:
         finally:
             if self.views:
                 frame.unpersist()
+        self._commit(batch_id, table, documents, checkpoint, source_rows, (started, read, collected, viewed))
+
+    def _one_job(self, frame: DataFrame, batch_id: int, started: float) -> None:
+        assert self.one_job is not None
+        table, projected = self.one_job.collect(frame)  # log order, as above
+        read = time.monotonic()
+        if table.num_rows == 0:
+            return
+        log_end = pc.max(table["next_offset"]).as_py()
+        checkpoint = {"epoch": self.epoch, "batch_id": batch_id, "log_end": log_end, "views": self.view_ids}
+        source_rows = self.source_rows(table)
+        collected = time.monotonic()
+        documents = self.one_job.documents(frame.sparkSession, table, projected, self.log_dir)
+        self._commit(batch_id, table, documents, checkpoint, source_rows, (started, read, collected, time.monotonic()))
+
+    def _commit(self, batch_id: int, table: pa.Table, documents: list[tuple[int, list[Any], dict[str, Any]]],
+                checkpoint: dict[str, Any], source_rows: StoreColumns,
+                marks: tuple[float, float, float, float]) -> None:
+        started, read, collected, viewed = marks
         self.runtime.transact(documents, checkpoint, [source_rows])
         self.committed_batch_id = batch_id
         self.last_batch_seconds = time.monotonic() - started
         if self.last_batch_seconds > SLOW_BATCH_S:
-            log.warning("%s: batch %d of %d rows took %.2f s (read %.2f, views %.2f, transaction %.2f)",
-                        self.source.materialization, batch_id, table.num_rows, self.last_batch_seconds,
-                        collected - started, viewed - collected, time.monotonic() - viewed)
+            phases = " ".join(f"{name} {seconds:.2f}" for name, seconds in self.runtime.phase_seconds.items())
+            log.warning("%s: batch %d of %d rows, %d view documents took %.2f s (read %.2f, source rows %.2f, "
+                        "views %.2f, transaction %.2f: %s)", self.source.materialization, batch_id, table.num_rows,
+                        len(documents), self.last_batch_seconds, read - started, collected - read,
+                        viewed - collected, time.monotonic() - viewed, phases)
 
     def source_rows(self, table: pa.Table) -> StoreColumns:
         """The batch's net changes of the source table as one columnar Store (binding 0).

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,30 @@ class RunningSource:
     @property
     def definition(self) -> tuple[Any, ...]:
         return _definition(self.source, self.views)
+
+
+@dataclass(frozen=True)
+class QueryKind:
+    """What differs between a source's streaming query and a table's (pipeline/table_batches.py TABLE_QUERY);
+    Pipeline.start_source and Pipeline._backfill are the one start path of both."""
+    compile_views: Callable[[Any, list[MaterializedView]], tuple[list[SourceView], list[tuple[MaterializedView, Exception]]]]
+    binding: Callable[[Any], Any]
+    derived: Callable[[Any, list[SourceView]], list[Any]]  # (spark, views) -> views over views
+    backfill_documents: Callable[[Any, Any, Path, int, list[SourceView]], list[Any]]  # (spark, item, log, end, views)
+    batches: Callable[[Any, Runtime, str, int, list[SourceView], Path], Any]  # the foreachBatch function
+    read_stream: Callable[[Any, Path, int, dict[str, Any]], Any]  # (spark, log dir, start offset, stored) -> frame
+
+
+def _read_source_log(spark: Any, log_dir: Path, start_offset: int, stored: dict[str, Any]) -> Any:
+    return (spark.readStream.format("headrace_log")
+            .option("path", str(log_dir))
+            .option("startOffset", str(start_offset))
+            .option("resumeOffset", str(int(stored.get("log_end", start_offset))))  # log_source.py
+            .load())
+
+
+SOURCE_QUERY = QueryKind(compile_source_views, source_binding, derived_bindings, backfill_documents, SourceBatches,
+                         _read_source_log)
 
 
 def _definition(source: WebhookSource, views: list[MaterializedView]) -> tuple[Any, ...]:
@@ -126,24 +151,23 @@ class Pipeline:
             self.unstarted[source.id] = (source, views)
 
     def start_source(self, source: WebhookSource, views: list[MaterializedView] | None = None) -> None:
-        if getattr(source, "kind", None) == "table":  # tables run their own query (pipeline/table_batches.py)
-            from headrace.pipeline.table_batches import start_table
-
-            return start_table(self, source, views or [])
+        kind = SOURCE_QUERY
+        if getattr(source, "kind", None) == "table":  # a table's log and records (pipeline/table_batches.py)
+            from headrace.pipeline.table_batches import TABLE_QUERY as kind
         views = list(views or [])
         checkpoint_dir = self.data_dir / "pipeline" / "checkpoints" / source.materialization
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         log_dir = self.data_dir / "logs" / source.id
         epoch = _checkpoint_epoch(checkpoint_dir)
-        source_views, failed = compile_source_views(source, views)
+        source_views, failed = kind.compile_views(source, views)
         for view, error in failed:
             log.error("materialized view %s cannot be maintained: %s", view.name, error)
         spec = MaterializationSpec(name=source.materialization,
-                                   bindings=(source_binding(source), *(v.binding for v in source_views)))
+                                   bindings=(kind.binding(source), *(v.binding for v in source_views)))
         runtime = Runtime(RpcDriverConnection(*self.driver_address), spec,
                           reducers=[combine_lww, *(reducer_for_schema(v.plan.reduce_schema) for v in source_views)],
                           finalizers=[None, *(v.plan.finalize for v in source_views)],
-                          derived=derived_bindings(self.spark, source_views))  # views over views
+                          derived=kind.derived(self.spark, source_views))  # views over views
         try:
             stored = runtime.open() or {}
             committed_batch_id, start_offset = -1, 0
@@ -153,13 +177,9 @@ class Pipeline:
                 # A new Spark checkpoint: resume from what the store says it holds, not from zero.
                 start_offset = int(stored.get("log_end", 0))
             if stored:
-                self._backfill(source, runtime, stored, source_views, log_dir)
-            batches = SourceBatches(source, runtime, epoch, committed_batch_id, source_views, log_dir)
-            frame = (self.spark.readStream.format("headrace_log")
-                     .option("path", str(log_dir))
-                     .option("startOffset", str(start_offset))
-                     .option("resumeOffset", str(int((stored or {}).get("log_end", start_offset))))  # log_source.py
-                     .load())
+                self._backfill(source, runtime, stored, source_views, log_dir, kind)
+            batches = kind.batches(source, runtime, epoch, committed_batch_id, source_views, log_dir)
+            frame = kind.read_stream(self.spark, log_dir, start_offset, stored)
             query = (frame.writeStream.foreachBatch(batches)
                      .option("checkpointLocation", str(checkpoint_dir))
                      .queryName(source.materialization)
@@ -173,7 +193,7 @@ class Pipeline:
                     source.materialization, len(source_views), epoch, committed_batch_id)
 
     def _backfill(self, source: WebhookSource, runtime: Runtime, stored: dict[str, Any],
-                  views: list[SourceView], log_dir: Path) -> None:
+                  views: list[SourceView], log_dir: Path, kind: QueryKind = SOURCE_QUERY) -> None:
         """Views the stored checkpoint does not include start from the source's rows so far, in one transaction
         that also records them as included (pipeline/view_changes.py)."""
         included = set(stored.get("views") or ())
@@ -182,7 +202,7 @@ class Pipeline:
             return
         started = time.monotonic()
         end = int(stored.get("log_end", 0))
-        documents = backfill_documents(self.spark, source, log_dir, end, missing)
+        documents = kind.backfill_documents(self.spark, source, log_dir, end, missing)
         runtime.transact(documents, {**stored, "views": [view.view.id for view in views]})
         log.warning("backfilled %s over %s up to offset %d: %d documents in %.1f s",
                     ", ".join(view.view.name for view in missing), source.name, end, len(documents),

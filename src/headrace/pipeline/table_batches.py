@@ -96,7 +96,7 @@ class TableBatches:
     """The foreachBatch function of one table's streaming query."""
 
     def __init__(self, table: Table, runtime: Runtime, epoch: str, committed_batch_id: int,
-                 views: Sequence[Any] = ()) -> None:
+                 views: Sequence[Any] = (), log_dir: Path | None = None) -> None:
         self.table = table
         self.runtime = runtime
         self.epoch = epoch
@@ -128,57 +128,27 @@ class TableBatches:
         self.last_batch_seconds = time.monotonic() - started
 
 
-def start_table(pipeline: Any, table: Table, views: Sequence[Any] = ()) -> None:
-    """Pipeline.start_source for a table: its streaming query (and its views' bindings)."""
-    from headrace.materialize.protocol import MaterializationSpec
-    from headrace.materialize.reduce import combine_lww, reducer_for_schema
-    from headrace.materialize.runtime import RpcDriverConnection
-    from headrace.pipeline.process import RunningSource, _checkpoint_epoch
+def _read_table_log(spark: Any, log_dir: Path, start_offset: int, stored: dict[str, Any]) -> Any:
+    return (spark.readStream.format(HeadraceTableLogSource.name())
+            .option("path", str(log_dir)).option("startOffset", str(start_offset)).load())
 
-    views = list(views)
-    checkpoint_dir = pipeline.data_dir / "pipeline" / "checkpoints" / table.materialization
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    log_dir = pipeline.data_dir / "logs" / table.id
-    epoch = _checkpoint_epoch(checkpoint_dir)
-    table_views = []
-    if views:
-        from headrace.pipeline.table_views import compile_table_views
 
-        table_views, failed = compile_table_views(table, views)
-        for view, error in failed:
-            log.error("materialized view %s cannot be maintained: %s", view.name, error)
-    spec = MaterializationSpec(name=table.materialization,
-                               bindings=(table_binding(table), *(v.binding for v in table_views)))
-    runtime = Runtime(RpcDriverConnection(*pipeline.driver_address), spec,
-                      reducers=[combine_lww, *(reducer_for_schema(v.plan.reduce_schema) for v in table_views)],
-                      finalizers=[None, *(v.plan.finalize for v in table_views)])
-    try:
-        stored = runtime.open() or {}
-        committed_batch_id, start_offset = -1, 0
-        if stored.get("epoch") == epoch:
-            committed_batch_id = int(stored["batch_id"])
-        elif stored:
-            start_offset = int(stored.get("log_end", 0))  # a new Spark checkpoint: resume where the store is
-        if stored and table_views:
-            from headrace.pipeline.table_views import backfill
+def _no_derived(spark: Any, views: Sequence[Any]) -> list[Any]:
+    return []  # views over views over a table are not maintained yet
 
-            backfill(pipeline.spark, table, runtime, stored, table_views, log_dir)
-        batches = TableBatches(table, runtime, epoch, committed_batch_id, table_views)
-        frame = (pipeline.spark.readStream.format(HeadraceTableLogSource.name())
-                 .option("path", str(log_dir)).option("startOffset", str(start_offset)).load())
-        query = (frame.writeStream.foreachBatch(batches)
-                 .option("checkpointLocation", str(checkpoint_dir))
-                 .queryName(table.materialization)
-                 .trigger(processingTime="200 milliseconds")
-                 .start())
-    except BaseException:
-        runtime.close()
-        raise
-    pipeline.running[table.id] = RunningSource(table, views, query, runtime, time.monotonic())  # type: ignore[arg-type]
-    log.warning("started table %s (%s) with %d views from epoch %s, committed batch %d", table.name,
-                table.materialization, len(table_views), epoch, committed_batch_id)
+
+def _table_query() -> Any:
+    """The table's parts of Pipeline.start_source's one start path (pipeline/process.py QueryKind)."""
+    from headrace.pipeline.process import QueryKind
+    from headrace.pipeline.table_views import backfill_documents, compile_table_views
+
+    return QueryKind(compile_table_views, table_binding, _no_derived, backfill_documents, TableBatches,
+                     _read_table_log)
 
 
 def is_table_entry(create_sql: str) -> bool:
     """Whether a control-message item is a table (its statement is CREATE TABLE)."""
     return create_sql.lstrip()[:12].upper().startswith("CREATE TABLE")
+
+
+TABLE_QUERY = _table_query()

@@ -8,14 +8,13 @@ row version (`hr_version`, given at write time and carried by the old row a chan
 in the contract's form: jsonb as JSON text, timestamptz as integer microseconds, bytea as bytes.
 
 Backfill: a view created over a table that already holds rows starts, in one transaction, from the table's
-live rows in the log up to the stored checkpoint's `log_end` (as +1 changes), committed with the checkpoint
-now listing the view; the stream goes on from `log_end`."""
+live rows in the log up to the stored checkpoint's `log_end` (as +1 changes, `backfill_documents`), committed
+by Pipeline._backfill with the checkpoint now listing the view; the stream goes on from `log_end`."""
 
 from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ import pyarrow as pa
 from headrace.catalog.tables import HIDDEN_VERSION, Table
 from headrace.catalog.views import MaterializedView
 from headrace.log.reader import read_records
-from headrace.materialize.runtime import Runtime
 from headrace.pipeline.view_changes import SourceView, view_documents_of
 from headrace.sql.parser import parse_statement
 from headrace.sql.views import InputRelation, compile_view
@@ -107,17 +105,10 @@ def view_documents_for(spark: Any, table: Table, views: Sequence[SourceView],
     return list(view_documents_of(views, spark.createDataFrame(rows)))
 
 
-def backfill(spark: Any, table: Table, runtime: Runtime, stored: dict[str, Any], views: Sequence[SourceView],
-             log_dir: Path) -> None:
-    """Views the stored checkpoint does not include start from the table's live rows up to its log_end."""
-    import logging
-
-    included = set(stored.get("views") or ())
-    missing = [view for view in views if view.view.id not in included]
-    if not missing:
-        return
-    started = time.monotonic()
-    end = int(stored.get("log_end", 0))
+def backfill_documents(spark: Any, table: Table, log_dir: Path, end: int,
+                       views: Sequence[SourceView]) -> list[tuple[int, list[Any], Document]]:
+    """Documents of `views` over the table's live rows in the log before `end` (as +1 changes), for
+    Pipeline._backfill (pipeline/process.py), which commits them with the checkpoint listing the views."""
     live: dict[tuple[Any, ...], Document] = {}
     for _, payload in read_records(log_dir, 0, end) if end > 0 else ():
         for change in decode_changes(payload):
@@ -130,8 +121,5 @@ def backfill(spark: Any, table: Table, runtime: Runtime, stored: dict[str, Any],
     items = list(live.items())
     for start in range(0, len(items), BACKFILL_CHUNK_ROWS):
         chunk = [[RowChange("i", key, row, None)] for key, row in items[start:start + BACKFILL_CHUNK_ROWS]]
-        documents.extend(view_documents_for(spark, table, missing, chunk))
-    runtime.transact(documents, {**stored, "views": [view.view.id for view in views]})
-    logging.getLogger(__name__).warning("backfilled %s over table %s up to offset %d: %d documents in %.1f s",
-                                        ", ".join(v.view.name for v in missing), table.name, end, len(documents),
-                                        time.monotonic() - started)
+        documents.extend(view_documents_for(spark, table, views, chunk))
+    return documents

@@ -61,35 +61,66 @@ def _contributions(aggregate: Aggregate, translate: Any) -> list[tuple[Column, s
     return [(F.when(condition, value), f"{name}_v", "min" if aggregate.function == "min" else "max")]
 
 
-def arrow_aggregate_documents(plan: ViewPlan, frame: DataFrame, translate: Any) -> list[tuple[list[Any], dict[str, Any]]]:
-    """One partial document per group of the (already filtered, prepared) changes `frame`."""
-    from headrace.pipeline.views import _from_doc, _partial_state, doc_value
+class GroupedProjection:
+    """One arrow-groupable view's projection columns (prefixed, so several views share one Spark select) and its
+    partial documents from their collected Arrow form. A WHERE becomes a `keep` column instead of a Spark filter,
+    and every other column is evaluated only where it holds (CASE WHEN evaluates the taken branch only, so a cast
+    that would fail on a filtered-out row is never evaluated, as with a filter first)."""
 
-    keys = [doc_value(translate(key), t).alias(f"k{i}")
-            for i, (key, t) in enumerate(zip(plan.group_keys, plan.group_key_types))]
-    contributions = [c for aggregate in plan.aggregates for c in _contributions(aggregate, translate)]
-    projection = frame.select(*keys, F.col("hr_diff").cast("bigint").alias(ROWS_FIELD),
-                              *[column.alias(f"c{i}") for i, (column, _, _) in enumerate(contributions)])
-    table = projection.toArrow()
-    if table.num_rows == 0:
-        return []
-    key_names = [f"k{i}" for i in range(len(keys))]
-    aggregations = [(ROWS_FIELD, "sum", pa.compute.ScalarAggregateOptions(min_count=0))]
-    aggregations += [(f"c{i}", function, pa.compute.ScalarAggregateOptions(min_count=0 if function == "sum" else 1))
-                     for i, (_, _, function) in enumerate(contributions)]
-    grouped = table.group_by(key_names, use_threads=False).aggregate(aggregations)
-    names = {f"{ROWS_FIELD}_sum": ROWS_FIELD}
-    names.update({f"c{i}_{function}": name for i, (_, name, function) in enumerate(contributions)})
-    grouped = grouped.rename_columns([names.get(n, n) for n in grouped.column_names])
-    documents = []
-    for row in grouped.to_pylist():
-        key_values = [_from_doc(row[f"k{i}"], t) for i, t in enumerate(plan.group_key_types)]
-        key = _canonical(key_values)
-        state: dict[str, Any] = {ROWS_FIELD: row[ROWS_FIELD]}
-        for aggregate in plan.aggregates:
-            partial = _partial_state(aggregate, row)
-            if partial is not None:
-                state[aggregate.field] = partial
-        documents.append(([key], {KEY_FIELD: key, **{f"k{i}": v for i, v in enumerate(key_values)},
-                                  STATE_FIELD: state}))
-    return documents
+    def __init__(self, plan: ViewPlan, translate: Any, prefix: str = "") -> None:
+        from headrace.pipeline.views import doc_value
+
+        self.plan, self.prefix = plan, prefix
+        self.keep = F.coalesce(translate(plan.filter), F.lit(False)) if plan.filter is not None else None
+        self.keys = [doc_value(translate(key), t) for key, t in zip(plan.group_keys, plan.group_key_types)]
+        self.contributions = [c for aggregate in plan.aggregates for c in _contributions(aggregate, translate)]
+
+    def columns(self) -> list[Column]:
+        guarded = (lambda column: F.when(self.keep, column)) if self.keep is not None else (lambda column: column)
+        p = self.prefix
+        columns = [guarded(key).alias(f"{p}k{i}") for i, key in enumerate(self.keys)]
+        columns.append(guarded(F.col("hr_diff").cast("bigint")).alias(f"{p}{ROWS_FIELD}"))
+        columns += [guarded(column).alias(f"{p}c{i}") for i, (column, _, _) in enumerate(self.contributions)]
+        if self.keep is not None:
+            columns.append(self.keep.alias(f"{p}keep"))
+        return columns
+
+    def documents(self, table: pa.Table) -> list[tuple[list[Any], dict[str, Any]]]:
+        """Partial documents of the projected changes `table` (this view's prefixed columns, maybe among others)."""
+        from headrace.pipeline.views import _from_doc, _partial_state
+
+        p = self.prefix
+        if self.keep is not None:
+            table = table.filter(table[f"{p}keep"])
+        names = [f"k{i}" for i in range(len(self.keys))] + [ROWS_FIELD] + \
+            [f"c{i}" for i in range(len(self.contributions))]
+        table = table.select([f"{p}{name}" for name in names]).rename_columns(names)
+        if table.num_rows == 0:
+            return []
+        key_names = [f"k{i}" for i in range(len(self.keys))]
+        aggregations = [(ROWS_FIELD, "sum", pa.compute.ScalarAggregateOptions(min_count=0))]
+        aggregations += [(f"c{i}", function, pa.compute.ScalarAggregateOptions(min_count=0 if function == "sum" else 1))
+                         for i, (_, _, function) in enumerate(self.contributions)]
+        grouped = table.group_by(key_names, use_threads=False).aggregate(aggregations)
+        renamed = {f"{ROWS_FIELD}_sum": ROWS_FIELD}
+        renamed.update({f"c{i}_{function}": name for i, (_, name, function) in enumerate(self.contributions)})
+        grouped = grouped.rename_columns([renamed.get(n, n) for n in grouped.column_names])
+        plan = self.plan
+        documents = []
+        for row in grouped.to_pylist():
+            key_values = [_from_doc(row[f"k{i}"], t) for i, t in enumerate(plan.group_key_types)]
+            key = _canonical(key_values)
+            state: dict[str, Any] = {ROWS_FIELD: row[ROWS_FIELD]}
+            for aggregate in plan.aggregates:
+                partial = _partial_state(aggregate, row)
+                if partial is not None:
+                    state[aggregate.field] = partial
+            documents.append(([key], {KEY_FIELD: key, **{f"k{i}": v for i, v in enumerate(key_values)},
+                                      STATE_FIELD: state}))
+        return documents
+
+
+def arrow_aggregate_documents(plan: ViewPlan, frame: DataFrame, translate: Any) -> list[tuple[list[Any], dict[str, Any]]]:
+    """One partial document per group of the (prepared, not yet filtered) changes `frame`."""
+    projection = GroupedProjection(plan, translate)
+    return projection.documents(frame.select(*projection.columns()).toArrow())

@@ -251,13 +251,14 @@ def view_documents(plan: ViewPlan, changes: DataFrame) -> list[tuple[list[Any], 
     """One transaction's changes -> [(key, partial document)], at most one per key."""
     frame = prepare_changes(plan, changes)
     translate = SparkExpressions(plan.input.columns)
-    if plan.filter is not None:
-        frame = frame.where(translate(plan.filter))
     if plan.aggregating:
         from headrace.pipeline.view_partials import arrow_aggregate_documents, arrow_groupable
 
-        if arrow_groupable(plan):  # no shuffle: see pipeline/view_partials.py
+        if arrow_groupable(plan):  # no shuffle, WHERE as a column: see pipeline/view_partials.py
             return arrow_aggregate_documents(plan, frame, translate)
+    if plan.filter is not None:
+        frame = frame.where(translate(plan.filter))
+    if plan.aggregating:
         return _aggregate_documents(plan, frame, translate)
     return _projection_documents(plan, frame, translate)
 

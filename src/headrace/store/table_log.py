@@ -5,6 +5,7 @@ transaction is atomic for the pipeline (a record is whole or absent: CRC-framed 
 for readers (the pipeline applies a record in one materialization transaction):
 
     {"v": 1, "c": [[op, key, new, old], ...]}        (orjson)
+    {"v": 1, "t": "<transaction id>", "c": [...]}    (a record of a COMMIT that changed several tables)
 
 op is "i" (insert), "u" (update) or "d" (delete); key is the row's key values (primary key, or the hidden
 row id); new is the row after (None for a delete), old the row before (None for an insert). Both are
@@ -38,8 +39,17 @@ class RowChange:
     old: Document | None
 
 
-def encode_changes(changes: list[RowChange]) -> bytes:
-    return orjson.dumps({"v": RECORD_VERSION, "c": [[c.op, list(c.key), c.new, c.old] for c in changes]})
+def encode_changes(changes: list[RowChange], transaction: str | None = None) -> bytes:
+    record: dict[str, Any] = {"v": RECORD_VERSION, "c": [[c.op, list(c.key), c.new, c.old] for c in changes]}
+    if transaction is not None:  # ties the per-table records of one COMMIT together (coordinator/table_commits.py)
+        record["t"] = transaction
+    return orjson.dumps(record)
+
+
+def record_transaction(payload: bytes) -> str | None:
+    """The transaction id a record carries (None for one-table writes)."""
+    transaction = orjson.loads(payload).get("t")
+    return str(transaction) if transaction is not None else None
 
 
 def decode_changes(payload: bytes) -> list[RowChange]:

@@ -20,6 +20,10 @@ readers do not wait for the writer), so a recorded key is always visible: an ent
 overlay only after its transaction committed. The overlay is bounded: `record` waits while more
 than `max_behind` entries are queued. A crash loses at most the queued entries, which `catch_up`
 replays from the log, as for any lost transaction.
+
+Negative lookups (webhook/key_filter.py). With `filter_bytes`, a Bloom filter of every recorded key
+answers "never seen" without SQLite, which is what almost every fresh key gets; it is loaded from
+the table by a background thread at start-up and answers "maybe" until then.
 """
 
 from __future__ import annotations
@@ -28,17 +32,19 @@ import hashlib
 import sqlite3
 import threading
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from headrace.log.reader import read_records
+from headrace.webhook.key_filter import KeyFilter
 from headrace.webhook.record import decode_fields
 
 INDEX_FILE = "dedupe.sqlite3"
 _LOOKUP_CHUNK = 500  # below SQLite's bound-parameter limit
 _CATCH_UP_CHUNK = 10_000
 _MAX_BEHIND = 50_000  # entries queued for the flusher before `record` waits (bounds the overlay's memory)
-_FLUSH_LINGER_S = 0.02  # the flusher gathers this long: one transaction (and one wake-up) per many group commits
+_FLUSH_LINGER_S = 0.1  # the flusher gathers this long: one transaction (and one wake-up) per many group commits
+_FILTER_LOAD_CHUNK = 20_000
 
 
 def key_hash(key: str) -> bytes:
@@ -49,8 +55,7 @@ def body_hash(body: bytes) -> bytes:
     return hashlib.blake2b(body, digest_size=8).digest()
 
 
-@dataclass(frozen=True, slots=True)
-class KeyEntry:
+class KeyEntry(NamedTuple):  # a tuple: built per keyed row in the group-commit thread, so cheap to make
     received_at_us: int
     body_hash: bytes
     log_offset: int
@@ -61,7 +66,7 @@ class DedupeIndex:
     writing connection, `_read_lock` the reading one, `_queue_changed` the overlay and the queue."""
 
     def __init__(self, path: Path, cache_bytes: int = 32 << 20, *, write_behind: bool = False,
-                 max_behind: int = _MAX_BEHIND) -> None:
+                 max_behind: int = _MAX_BEHIND, filter_bytes: int = 0) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -91,6 +96,12 @@ class DedupeIndex:
         if write_behind:
             self._reader = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             self._reader.execute(f"PRAGMA cache_size=-{max(1, cache_bytes >> 10)}")
+        self._filter: KeyFilter | None = None
+        self._filter_loader: threading.Thread | None = None
+        if filter_bytes > 0:
+            self._filter = KeyFilter(filter_bytes)
+            self._filter_loader = threading.Thread(target=self._load_filter, name="dedupe-filter", daemon=True)
+            self._filter_loader.start()
 
     @property
     def covered_offset(self) -> int:
@@ -99,6 +110,7 @@ class DedupeIndex:
 
     def lookup(self, hashes: Collection[bytes]) -> dict[bytes, KeyEntry]:
         found: dict[bytes, KeyEntry] = {}
+        key_filter = self._filter
         if self._write_behind:
             missing: list[bytes] = []
             with self._queue_changed:
@@ -107,10 +119,13 @@ class DedupeIndex:
                     entry = overlay.get(key)
                     if entry is not None:
                         found[key] = entry
-                    else:
+                    elif key_filter is None or key_filter.might_contain(key):
                         missing.append(key)
             # Read after the overlay: an entry leaves it only once committed, so it is seen here.
             hashes = missing
+        elif key_filter is not None:
+            with self._queue_changed:
+                hashes = [key for key in hashes if key_filter.might_contain(key)]
         unique = list(dict.fromkeys(hashes))
         if not unique:
             return found
@@ -128,6 +143,9 @@ class DedupeIndex:
     def record(self, entries: Sequence[tuple[bytes, KeyEntry]], covered_offset: int) -> None:
         """Upsert entries (later ones win) and advance the covered offset, in one transaction (with
         write-behind: visible to `lookup` at once, committed soon by the flusher)."""
+        if self._filter is not None:
+            with self._queue_changed:  # before the commit: a key in SQLite is always in the filter
+                self._filter.add_all([key for key, _ in entries])
         if not self._write_behind:
             self._commit(entries, covered_offset)
             return
@@ -174,7 +192,8 @@ class DedupeIndex:
                 taken, self._queue, self._queued_entries = self._queue, [], 0
                 self._flushing = True
                 self._queue_changed.notify_all()
-            entries = [entry for batch, _ in taken for entry in batch]
+            # In key order: neighbouring keys share B-tree pages, so the transaction dirties fewer.
+            entries = sorted((entry for batch, _ in taken for entry in batch), key=_entry_key)
             try:
                 self._commit(entries, taken[-1][1])
             except BaseException as error:  # noqa: BLE001 - reported to the next record(); the log stays the truth
@@ -190,6 +209,29 @@ class DedupeIndex:
                         del overlay[key]
                 self._flushing = False
                 self._queue_changed.notify_all()
+
+    def _load_filter(self) -> None:
+        """Put the keys already in the table into the filter (keys recorded meanwhile add themselves)."""
+        key_filter = self._filter
+        assert key_filter is not None
+        try:
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        except sqlite3.Error:
+            return  # the filter stays incomplete: every lookup goes to SQLite, as without one
+        try:
+            cursor = db.execute("SELECT key_hash FROM keys")
+            while not self._closed:
+                chunk = [row[0] for row in cursor.fetchmany(_FILTER_LOAD_CHUNK)]
+                if not chunk:
+                    with self._queue_changed:
+                        key_filter.complete = True
+                    return
+                with self._queue_changed:
+                    key_filter.add_all(chunk)
+        except sqlite3.Error:
+            return
+        finally:
+            db.close()
 
     def _commit(self, entries: Sequence[tuple[bytes, KeyEntry]], covered_offset: int) -> None:
         rows = [(key, entry.received_at_us, entry.body_hash, entry.log_offset) for key, entry in entries]
@@ -218,6 +260,9 @@ class DedupeIndex:
         """Forget everything (the log must then be replayed from its start)."""
         self.flush()
         with self._lock:
+            if self._filter is not None:
+                with self._queue_changed:
+                    self._filter.clear()
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM keys")
             self._db.execute("DELETE FROM meta")
@@ -236,11 +281,17 @@ class DedupeIndex:
             self._queue_changed.notify_all()
         if self._flusher is not None:
             self._flusher.join()
+        if self._filter_loader is not None:
+            self._filter_loader.join()
         with self._read_lock:
             if self._reader is not self._db:
                 self._reader.close()
         with self._lock:
             self._db.close()
+
+
+def _entry_key(entry: tuple[bytes, KeyEntry]) -> bytes:
+    return entry[0]
 
 
 def catch_up(index: DedupeIndex, log_dir: Path, log_end: int) -> int:

@@ -18,6 +18,10 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
+import orjson
+import sqlglot
+from sqlglot import exp
+
 from headrace.catalog.items import WebhookSource
 from headrace.errors import FeatureNotSupported, HeadraceError
 from headrace.sql.ddl import check_columns, key_columns
@@ -37,6 +41,8 @@ def _reject_constant(name: str) -> Any:
 
 _JSON = json.JSONDecoder(parse_float=Decimal, parse_constant=_reject_constant)
 _WHITESPACE = " \t\n\r"
+_WHITESPACE_BYTES = frozenset(_WHITESPACE.encode())
+_SHALLOW_BRACKETS = 256
 
 
 class WebhookRejected(Exception):
@@ -56,6 +62,8 @@ class WebhookHandler:
             raise FeatureNotSupported(f"BODY FORMAT {source.body_format.upper()} is not supported")
         self.source = source
         self._split = _SPLITTERS[source.body_format]
+        if source.body_format == "json" and not _reads_body(source.idempotent_expr):
+            self._split = _json_rows_unread  # nothing evaluates the body's value: validating it is enough
         self._idempotency_key: CompiledExpression | None = None
         if source.idempotent_expr is not None:
             self._idempotency_key = compile_expression(source.idempotent_expr, key_columns(source))
@@ -166,6 +174,36 @@ def _json_rows(body: bytes) -> Rows:
         rows.append((value, text[index:end].encode("utf-8")))
         index = _skip_whitespace(text, end)
     return rows
+
+
+def _json_rows_unread(body: bytes) -> Rows:
+    """As `_json_rows` when no expression reads the rows' values (they are None): the common body,
+    one JSON value from its first byte to its last, is only validated, by orjson, which accepts a
+    subset of what the standard decoder does (anything it refuses is decided by that decoder)."""
+    # orjson nests deeper than the standard decoder (which the pipeline also decodes with): a body
+    # that might nest deep is left to that decoder.
+    if (body and body[0] not in _WHITESPACE_BYTES and body[-1] not in _WHITESPACE_BYTES
+            and body.count(b"[") + body.count(b"{") < _SHALLOW_BRACKETS):
+        try:
+            orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            return [(None, body)]
+    return [(None, raw) for _, raw in _json_rows(body)]
+
+
+def _reads_body(expression: str | None) -> bool:
+    """Whether the expression may read the `body` column (when unsure: yes)."""
+    if expression is None:
+        return False
+    try:
+        tree = sqlglot.parse_one(expression, read="postgres")
+    except sqlglot.errors.SqlglotError:
+        return True
+    if any(True for _ in tree.find_all(exp.Star)):
+        return True
+    return any(column.name.lower() == "body" or not column.name for column in tree.find_all(exp.Column))
 
 
 def _json_array_rows(body: bytes) -> Rows:

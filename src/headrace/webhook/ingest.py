@@ -27,7 +27,7 @@ from pathlib import Path
 
 from headrace.catalog.items import WebhookSource
 from headrace.errors import DuplicateObject, InternalError
-from headrace.log.group_commit import GroupCommitter, next_offset
+from headrace.log.group_commit import GroupCommitter, Settled, next_offset
 from headrace.log.segments import SegmentedLog
 from headrace.webhook.dedupe import INDEX_FILE, DedupeIndex, KeyEntry, body_hash, catch_up, key_hash
 from headrace.webhook.handler import WebhookHandler
@@ -54,6 +54,7 @@ class IngestSettings:
     group_commit_max_wait_ms: float = 0.0  # wait this long for a batch to fill: throughput against latency
     request_log_size: int = 100  # requests kept per source in headrace_internal.webhook_requests
     dedupe_cache_mb: int = 32  # SQLite page cache per source's idempotency index
+    dedupe_filter_mb: int = 8  # Bloom filter per source's idempotency index (fresh keys skip SQLite)
     eviction_interval_s: float = 60.0  # how often keys older than the window are forgotten
 
 
@@ -68,11 +69,13 @@ class DedupeCodec:
         self.window_us = window_us
         self.metrics = metrics or SourceMetrics()
         self._entries: list[tuple[bytes, KeyEntry]] = []
+        self._span = (0, 0)  # where the batch being written starts and ends, as encoded
         self._outcomes = [0, 0, 0]  # NEW, DUPLICATE, REPLACED of the batch being written
 
     def encode(self, records: list[WebhookRecord], start_offset: int) -> list[bytes]:
         if self.index is None:
             self._outcomes = [len(records), 0, 0]
+            self._span = (-1, -1)
             return [encode(record) for record in records]
         hashes = [key_hash(record.idempotency_key) if record.idempotency_key is not None else None
                   for record in records]
@@ -99,6 +102,7 @@ class DedupeCodec:
             offset = next_offset(offset, payload)
         self._entries = list(in_batch.items())
         self._outcomes = outcomes
+        self._span = (start_offset, offset)
         return payloads
 
     def durable(self, records: list[WebhookRecord], offsets: list[int], end_offset: int) -> None:
@@ -109,8 +113,8 @@ class DedupeCodec:
         metrics.rows_replaced += replaced
         if self.index is None:
             return
-        expected = {entry.log_offset for _, entry in self._entries}
-        if not expected <= set(offsets):
+        # Records are contiguous: the same start and end mean every record is where it was expected.
+        if self._span != (offsets[0], end_offset):
             raise InternalError("the log placed records at other offsets than the index expected")
         self.index.record(self._entries, end_offset)
 
@@ -132,7 +136,7 @@ class SourceIngestor:
         try:
             if source.idempotent_expr is not None:
                 self._index = DedupeIndex(log_dir / INDEX_FILE, cache_bytes=self.settings.dedupe_cache_mb << 20,
-                                          write_behind=True)
+                                          write_behind=True, filter_bytes=self.settings.dedupe_filter_mb << 20)
                 replayed = catch_up(self._index, log_dir, self._log.end_offset)
                 if replayed:
                     log.info("%s: idempotency index caught up over %d log records", source.name, replayed)
@@ -178,6 +182,16 @@ class SourceIngestor:
             return []
         # Rows are counted (new, duplicate, replaced) by the codec once durable, in the writer thread.
         return self._committer.append_many(records)
+
+    def submit_then(self, headers: Sequence[tuple[str, str]], body: bytes, received_at_us: int,
+                    settled: Settled) -> bool:
+        """`submit` without a future: False for a request without rows (nothing queued, `settled`
+        never called); else True, and `settled(offsets, error)` runs in the event loop once durable."""
+        records = self.handler.validate(headers, body, received_at_us)
+        if not records:
+            return False
+        self._committer.append_many_then(records, settled)
+        return True
 
     @property
     def failure(self) -> str | None:

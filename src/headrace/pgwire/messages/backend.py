@@ -55,8 +55,11 @@ def negotiate_protocol_version(newest_minor: int, unrecognized_options: Sequence
 
 
 def ready_for_query(transaction_status: str) -> bytes:
-    return _message(b"Z", transaction_status.encode("ascii"))
+    cached = _READY_FOR_QUERY.get(transaction_status)  # one per query: built once per status
+    return cached if cached is not None else _message(b"Z", transaction_status.encode("ascii"))
 
+
+_READY_FOR_QUERY = {status: _message(b"Z", status.encode("ascii")) for status in ("I", "T", "E")}
 
 # table oid, column number, type oid, type size, type modifier, format code
 _FIELD = struct.Struct("!ihIhih")

@@ -277,6 +277,111 @@ _TYPED_DECODERS: dict[bytes, tuple[int, Callable[[_Reader], FrontendMessage]]] =
 }
 
 
+# --- unchecked fast decoders for the per-query messages -------------------------------------------
+# The checked decoders above build a _Reader per message; these read the body in place. On any
+# malformed input they raise (ValueError, IndexError, struct.error) and the checked decoder runs
+# instead, so error messages stay exactly PostgreSQL's.
+
+_SYNC = Sync()
+_FLUSH = Flush()
+_EMPTY_TUPLE: tuple[int, ...] = ()
+_NO_PARAMS: tuple[bytes | None, ...] = ()
+_unpack_int16 = _INT16.unpack_from
+_unpack_int32 = _INT32.unpack_from
+
+
+def _fast_string(body: bytes, start: int) -> tuple[str, int]:
+    """The NUL-terminated UTF-8 string at `start` and the offset after it (ValueError if none / invalid)."""
+    end = body.index(b"\0", start)
+    return body[start:end].decode("utf-8"), end + 1
+
+
+def _fast_int16_list(body: bytes, position: int) -> tuple[tuple[int, ...], int]:
+    count = _unpack_int16(body, position)[0]
+    position += 2
+    if count == 0:
+        return _EMPTY_TUPLE, position
+    if count < 0 or position + 2 * count > len(body):
+        raise ValueError("bad count")
+    return struct.unpack_from(f"!{count}h", body, position), position + 2 * count
+
+
+def _fast_bind(body: bytes) -> FrontendMessage:
+    portal, position = _fast_string(body, 0)
+    statement, position = _fast_string(body, position)
+    param_formats, position = _fast_int16_list(body, position)
+    count = _unpack_int16(body, position)[0]
+    position += 2
+    if count < 0:
+        raise ValueError("bad count")
+    params: tuple[bytes | None, ...] = _NO_PARAMS
+    if count:
+        values: list[bytes | None] = []
+        for _ in range(count):
+            size = _unpack_int32(body, position)[0]
+            position += 4
+            if size == -1:
+                values.append(None)
+                continue
+            end = position + size
+            if size < 0 or end > len(body):
+                raise ValueError("bad size")
+            values.append(body[position:end])
+            position = end
+        params = tuple(values)
+    result_formats, position = _fast_int16_list(body, position)
+    if position != len(body):
+        raise ValueError("trailing bytes")
+    return Bind(portal, statement, param_formats, params, result_formats)
+
+
+def _fast_parse(body: bytes) -> FrontendMessage:
+    statement, position = _fast_string(body, 0)
+    sql, position = _fast_string(body, position)
+    count = _unpack_int16(body, position)[0]
+    position += 2
+    if count < 0 or position + 4 * count != len(body):
+        raise ValueError("bad count")
+    param_types = struct.unpack_from(f"!{count}I", body, position) if count else _EMPTY_TUPLE
+    return Parse(statement, sql, param_types)
+
+
+def _fast_execute(body: bytes) -> FrontendMessage:
+    portal, position = _fast_string(body, 0)
+    if position + 4 != len(body):
+        raise ValueError("bad length")
+    return Execute(portal, _unpack_int32(body, position)[0])
+
+
+def _fast_describe(body: bytes) -> FrontendMessage:
+    kind = body[:1]
+    name, position = _fast_string(body, 1)
+    if position != len(body) or kind not in (b"S", b"P"):
+        raise ValueError("bad describe")
+    return Describe("S" if kind == b"S" else "P", name)
+
+
+def _fast_query(body: bytes) -> FrontendMessage:
+    sql, position = _fast_string(body, 0)
+    if position != len(body):
+        raise ValueError("trailing bytes")
+    return Query(sql)
+
+
+def _fast_empty(message: FrontendMessage) -> Callable[[bytes], FrontendMessage]:
+    def decode(body: bytes) -> FrontendMessage:
+        if body:
+            raise ValueError("not empty")
+        return message
+    return decode
+
+
+_FAST_DECODERS: dict[bytes, Callable[[bytes], FrontendMessage]] = {
+    b"B": _fast_bind, b"P": _fast_parse, b"E": _fast_execute, b"D": _fast_describe, b"Q": _fast_query,
+    b"S": _fast_empty(_SYNC), b"H": _fast_empty(_FLUSH),
+}
+
+
 class FrontendDecoder:
     """Incremental decoder of what a client sends.
 
@@ -333,6 +438,12 @@ class FrontendDecoder:
             return None
         body = bytes(buffer[start + 5:start + length + 1])
         self._offset = start + length + 1
+        fast = _FAST_DECODERS.get(type_byte)
+        if fast is not None:
+            try:
+                return fast(body)
+            except (ValueError, IndexError, struct.error):
+                pass  # malformed: the checked decoder below says exactly how
         return decode(_Reader(body))
 
     def feed(self, data: bytes) -> list[FrontendMessage]:

@@ -198,7 +198,7 @@ def test_acknowledged_commit_survives_kill_9(tmp_path: Path) -> None:
         process.kill9()  # most likely before the pipeline applied it
         process.start()
         with psycopg.connect(process.dsn, autocommit=True) as conn:
-            rows = conn.execute("SELECT id, v FROM durable ORDER BY id").fetchall()
+            rows = select_after_cold_start(conn, "SELECT id, v FROM durable ORDER BY id")
             assert rows == [(1, "updated"), (2, "block"), (3, "block")]
             with pytest.raises(psycopg.errors.UniqueViolation):
                 conn.execute("INSERT INTO durable VALUES (2, 'again')")

@@ -157,6 +157,7 @@ class Pipeline:
         views = list(views or [])
         checkpoint_dir = self.data_dir / "pipeline" / "checkpoints" / source.materialization
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        remove_torn_checkpoint_writes(checkpoint_dir)
         log_dir = self.data_dir / "logs" / source.id
         epoch = _checkpoint_epoch(checkpoint_dir)
         source_views, failed = kind.compile_views(source, views)
@@ -242,6 +243,24 @@ class Pipeline:
     def stop(self) -> None:
         for source_id in list(self.running):
             self.stop_source(source_id)
+
+
+def remove_torn_checkpoint_writes(checkpoint_dir: Path) -> list[Path]:
+    """Delete the temporary files of Spark checkpoint writes cut short by a kill -9 (`offsets/.0.<uuid>.tmp`).
+
+    Spark writes each offsets/commits entry to a hidden temporary file and renames it; a leftover one makes
+    Spark 4.1 refuse to start a query whose log is otherwise empty (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY).
+    The write never completed, so nothing refers to it; called only while no query uses the directory."""
+    removed = []
+    for log_dir in (checkpoint_dir / "offsets", checkpoint_dir / "commits"):
+        if log_dir.is_dir():
+            for path in log_dir.iterdir():
+                if path.name.startswith(".") and path.name.endswith(".tmp"):
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
+    if removed:
+        log.warning("removed %d torn checkpoint writes under %s", len(removed), checkpoint_dir)
+    return removed
 
 
 def _checkpoint_epoch(checkpoint_dir: Path) -> str:

@@ -68,7 +68,10 @@ class HeadraceProcess:
     def kill9(self) -> None:
         """kill -9 every process of this server: the server, its pipeline and Spark's JVM."""
         assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGKILL)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the whole group is gone already (a fail point kills its own process group)
         self.process.wait()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

@@ -31,6 +31,8 @@ class Catalog:
     def __init__(self, data_dir: Path, build_item: ItemBuilder, *, secrets: SecretStore | None = None) -> None:
         self._path = data_dir / CATALOG_FILE
         self._lock = threading.Lock()
+        # Bumped by every change: plan caches key on it instead of rebuilding a fingerprint of every item.
+        self.generation = 0
         self._next_id = 1
         self._items: dict[str, WebhookSource] = {}
         self._secrets: dict[str, Secret] = {}
@@ -162,6 +164,7 @@ class Catalog:
     # ---- durability -----------------------------------------------------------------------------
     def _persist(self) -> None:
         """Write-fsync-rename-fsync: after a crash the catalog is either the old or the new one."""
+        self.generation += 1  # first: a failed write still leaves the in-memory catalog changed
         document = {
             "format": FORMAT_VERSION,
             "next_id": self._next_id,

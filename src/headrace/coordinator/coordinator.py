@@ -96,7 +96,7 @@ class Coordinator:
         self.system_catalog = SystemCatalog(resources.store, lambda: [*catalog.sources(), *catalog.tables(), *catalog.views()],
                                             roles=self.roles.list_roles)
         # SELECT fast path: plans by text (valid while the catalog is unchanged), pooled cursors
-        self.plan_cache = PlanCache(lambda: tuple((item.id, item.create_sql) for item in [*catalog.sources(), *catalog.views(), *catalog.tables()]))
+        self.plan_cache = PlanCache(lambda: catalog.generation)  # every catalog change invalidates cached plans
         self.cursors = CursorPool(resources.store)
         # SUBSCRIBE over the serving store's changelogs (coordinator/subscribe.py)
         self.subscriptions = Subscriptions(resources.store, executor, catalog, self.views.plan)

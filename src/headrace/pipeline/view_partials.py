@@ -34,18 +34,26 @@ def arrow_groupable(plan: ViewPlan) -> bool:
     return plan.aggregating and all(a.maintenance in ARROW_GROUPED for a in plan.aggregates)
 
 
-def _contributions(aggregate: Aggregate, translate: Any) -> list[tuple[Column, str, str]]:
-    """(contribution column, output name, pyarrow aggregation) per partial-state field: the inner expressions
-    of pipeline/views.py's _partial_columns, so both paths compute the same states."""
-    from headrace.pipeline.views import doc_value
-
-    name, m = aggregate.field, aggregate.maintenance
+def aggregate_inputs(aggregate: Aggregate, translate: Any) -> tuple[list[Column], Column]:
+    """An aggregate's argument columns and the condition under which a change counts (its FILTER, and a non-NULL
+    first argument unless the function keeps NULLs)."""
     args = [translate(a) for a in aggregate.args]
     condition: Column = F.lit(True)
     if aggregate.filter is not None:
         condition = F.coalesce(translate(aggregate.filter), F.lit(False))
     if args and aggregate.function not in KEEPS_NULLS:
         condition = condition & args[0].isNotNull()
+    return args, condition
+
+
+def contributions(aggregate: Aggregate, translate: Any) -> list[tuple[Column, str, str]]:
+    """(contribution column, output name, aggregation: sum / min / max) per partial-state field of a count, sum,
+    bool or extreme aggregate: pyarrow aggregates them here, Spark's groupBy in pipeline/views.py, so both paths
+    compute the same states."""
+    from headrace.pipeline.views import doc_value
+
+    name, m = aggregate.field, aggregate.maintenance
+    args, condition = aggregate_inputs(aggregate, translate)
     diff = F.col("hr_diff")
     counted = (F.when(condition, diff).otherwise(0), f"{name}_n", "sum")
     if m is Maintenance.COUNT:
@@ -73,7 +81,7 @@ class GroupedProjection:
         self.plan, self.prefix = plan, prefix
         self.keep = F.coalesce(translate(plan.filter), F.lit(False)) if plan.filter is not None else None
         self.keys = [doc_value(translate(key), t) for key, t in zip(plan.group_keys, plan.group_key_types)]
-        self.contributions = [c for aggregate in plan.aggregates for c in _contributions(aggregate, translate)]
+        self.contributions = [c for aggregate in plan.aggregates for c in contributions(aggregate, translate)]
 
     def columns(self) -> list[Column]:
         guarded = (lambda column: F.when(self.keep, column)) if self.keep is not None else (lambda column: column)

@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from sqlglot import exp
 
 from headrace.errors import FeatureNotSupported
-from headrace.sql.view_aggregates import KEEPS_NULLS, Aggregate, Change, Maintenance, fold
+from headrace.sql.view_aggregates import Aggregate, Change, Maintenance, fold
 from headrace.sql.view_scalars import ARITHMETIC, COMPARISONS, NUMERIC_RANK, type_of
 from headrace.sql.views import DELETED_FIELD, KEY_FIELD, ROWS_FIELD, STATE_FIELD, ViewPlan
 
@@ -331,28 +331,18 @@ def _aggregate_documents(plan: ViewPlan, frame: DataFrame, translate: SparkExpre
     return documents
 
 
+_SPARK_AGGREGATIONS = {"sum": lambda c: F.coalesce(F.sum(c), F.lit(0)), "min": F.min, "max": F.max}
+
+
 def _partial_columns(aggregate: Aggregate, translate: SparkExpressions) -> list[Column]:
+    from headrace.pipeline.view_partials import aggregate_inputs, contributions
+
     name, m = aggregate.field, aggregate.maintenance
-    args = [translate(a) for a in aggregate.args]
-    condition: Column = F.lit(True)
-    if aggregate.filter is not None:
-        condition = F.coalesce(translate(aggregate.filter), F.lit(False))
-    if args and aggregate.function not in KEEPS_NULLS:
-        condition = condition & args[0].isNotNull()
+    if m in (Maintenance.COUNT, Maintenance.SUM, Maintenance.BOOL_COUNTS, Maintenance.EXTREME):
+        return [_SPARK_AGGREGATIONS[how](column).alias(field) for column, field, how in contributions(aggregate, translate)]
+    args, condition = aggregate_inputs(aggregate, translate)
     diff = F.col("hr_diff")
-    counted = F.coalesce(F.sum(F.when(condition, diff).otherwise(0)), F.lit(0))
-    if m is Maintenance.COUNT:
-        return [counted.alias(f"{name}_n")]
-    if m is Maintenance.SUM:
-        number = args[0].cast("bigint" if aggregate.output_type == "int8" else "double")
-        return [F.coalesce(F.sum(F.when(condition, diff * number)), F.lit(0)).alias(f"{name}_s"), counted.alias(f"{name}_n")]
-    if m is Maintenance.BOOL_COUNTS:
-        return [F.coalesce(F.sum(F.when(condition & args[0], diff).otherwise(0)), F.lit(0)).alias(f"{name}_t"),
-                F.coalesce(F.sum(F.when(condition & ~args[0], diff).otherwise(0)), F.lit(0)).alias(f"{name}_f")]
     value = doc_value(args[0], aggregate.arg_types[0]) if args else F.lit(None)
-    if m is Maintenance.EXTREME:
-        extreme = F.min if aggregate.function == "min" else F.max
-        return [extreme(F.when(condition, value)).alias(f"{name}_v")]
     if m in (Maintenance.FIRST_WRITE, Maintenance.LAST_WRITE):
         by = F.min_by if m is Maintenance.FIRST_WRITE else F.max_by
         return [by(F.struct(value.alias("v")), F.when(condition, F.col("hr_seq"))).alias(f"{name}_w")]

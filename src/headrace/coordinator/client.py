@@ -17,7 +17,13 @@ from headrace.coordinator.responses import (
     Subscribing,
 )
 from headrace.coordinator.session_sql import fetch_rows, portal_columns
-from headrace.coordinator.session import REPORTED_VARIABLES, Session, TransactionStatus, default_variables
+from headrace.coordinator.session import (
+    REPORTED_VARIABLES,
+    PreparedStatement,
+    Session,
+    TransactionStatus,
+    default_variables,
+)
 from headrace.errors import HeadraceError, InternalError
 from headrace.pgwire.types.time_zone import bind_session_variables
 from headrace.catalog.items import DEFAULT_DATABASE
@@ -63,6 +69,27 @@ class SessionClient:
             raise HeadraceError(f'prepared statement "{name}" already exists', sqlstate="42P05")
         with self._possession():
             statement = await self._coordinator.prepare(self._session, name, sql, param_types)
+        self._session.statements[name] = statement
+
+    def cached_statement(self, name: str, sql: str | None, param_types: Sequence[int]) -> PreparedStatement | None:
+        """For answering a whole [Parse] Bind Execute Sync at once (pgwire/direct_lane.py): the statement a
+        Parse of `sql` would prepare, if the plan cache already knows it (sql None: the prepared statement
+        `name`). None when the general path must run (it then reports any error)."""
+        if sql is None:
+            return self._session.statements.get(name)
+        if name and name in self._session.statements:
+            return None  # the general path says 42P05
+        return self._coordinator.prepare_cached(sql, param_types)
+
+    def answer_now(self, statement: PreparedStatement, params: Sequence[object]) -> list[tuple[object, ...]] | None:
+        """The rows of `statement` bound to `params`, when the coordinator has them without waiting (an index
+        lookup with nothing to wait for); None otherwise. Runs no command: nothing to cancel or possess."""
+        if self._busy:
+            return None
+        return self._coordinator.answer_now(self._session, statement, params)
+
+    def install_statement(self, name: str, statement: PreparedStatement) -> None:
+        """What Parse does once prepared: the statement is `name`'s (the unnamed one is replaced)."""
         self._session.statements[name] = statement
 
     def describe_statement(self, name: str) -> StatementDescription:

@@ -111,12 +111,9 @@ class Coordinator:
         if not sql.strip().strip(";").strip():
             return PreparedStatement(sql=sql, ast=None, description=StatementDescription((), None))
         fingerprint = self.plan_cache.fingerprint()
-        cached = self.plan_cache.get(sql, param_types, fingerprint)  # the fast path (coordinator/plan_cache.py)
+        cached = self.prepare_cached(sql, param_types, fingerprint)
         if cached is not None:
             return cached
-        fast = self.fast_path.prepare(sql, param_types, fingerprint)  # a known lookup shape, other literals
-        if fast is not None:
-            return fast
         ast = parse_statement(sql)
         if isinstance(ast, SESSION_STATEMENTS):
             return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))
@@ -141,6 +138,27 @@ class Coordinator:
             return PreparedStatement(sql, ast, StatementDescription(tuple(param_types),
                                                                     await self.subscriptions.describe(ast)))
         return PreparedStatement(sql, ast, StatementDescription(tuple(param_types), self._static_columns(ast)))
+
+    def prepare_cached(self, sql: str, param_types: Sequence[int],
+                       fingerprint: Any = None) -> PreparedStatement | None:
+        """The statement from the plan cache (coordinator/plan_cache.py) or as a known index lookup shape with
+        other literals (coordinator/fast_path.py); None when it must be planned."""
+        if fingerprint is None:
+            fingerprint = self.plan_cache.fingerprint()
+        cached = self.plan_cache.get(sql, param_types, fingerprint)
+        if cached is not None:
+            return cached
+        return self.fast_path.prepare(sql, param_types, fingerprint)
+
+    def answer_now(self, session: Session, statement: PreparedStatement, params: Sequence[Any]) -> list[Any] | None:
+        """A point query's rows without waiting for anything, or None when execute() must run: not an index
+        lookup, a failed transaction block, a table write not yet visible (read-your-writes), or an index that
+        has changes to catch up with. Nothing else differs from execute(): the same index, the same rows."""
+        if not isinstance(statement, FastStatement) or session.transaction is TransactionStatus.FAILED:
+            return None
+        if self.tables.behind(statement.sql):
+            return None
+        return self.fast_path.answer_now(statement, params)
 
     def _static_columns(self, ast: exp.Expr) -> tuple[Column, ...] | None:
         if index_ddl.handles(ast):

@@ -440,13 +440,26 @@ class FastPath:
             arrangement = await self.indexes.arrangement(fast.index_id)  # first use after a restart
         if arrangement is None or arrangement.closed:  # the index or its relation is gone: DuckDB says so
             return None
+        # nothing committed since the last catch-up: no await at all (the common case under load)
+        by_key = arrangement.rows if arrangement.is_current else await arrangement.current()
+        return self._lookup(statement, fast, by_key, params)
+
+    def answer_now(self, statement: FastStatement, params: Sequence[Any]) -> list[Row] | None:
+        """The rows if the index is loaded and current (no await needed), else None (then answer())."""
+        fast = statement.fast
+        assert fast is not None
+        arrangement = self.indexes.arrangements.get(fast.index_id)
+        if arrangement is None or arrangement.closed or not arrangement.is_current:
+            return None
+        return self._lookup(statement, fast, arrangement.rows, params)
+
+    def _lookup(self, statement: FastStatement, fast: FastPlan, by_key: dict[Any, list[Row]],
+                params: Sequence[Any]) -> list[Row] | None:
         try:
             literals = statement.literals
             key = tuple([source.value(params, literals) for source in fast.key])
             if None in key:
                 return []
-            # nothing committed since the last catch-up: no await at all (the common case under load)
-            by_key = arrangement.rows if arrangement.is_current else await arrangement.current()
             rows = by_key.get(key, ())
             if fast.residual:  # computed even without rows: a value that fails to cast declines
                 residual = [(position, source.value(params, literals)) for position, source in fast.residual]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from headrace.errors import HeadraceError, ProtocolViolation
 from headrace.pgwire import messages
 from headrace.pgwire.copy import CopyIn, Flush
+from headrace.pgwire.direct_lane import answer_bound_group
 from headrace.pgwire.extended_query import ExtendedQueryHandler
 from headrace.pgwire.auth import AuthMethod, Handshake, choose_method, make_handshake, rejection
 from headrace.pgwire.interfaces import AdapterClient, SessionClient
@@ -123,8 +124,14 @@ class PgConnection:
     async def step(self) -> list[Effect] | None:
         """Handle the next complete message received; None when more bytes are needed (or closed).
         One message per step, so the transport can write between pipelined messages."""
-        if self._state is ConnectionState.CLOSED:
+        state = self._state
+        if state is ConnectionState.CLOSED:
             return None
+        if state is ConnectionState.READY:
+            group = self._decoder.peek_bound_group()
+            if group is not None and answer_bound_group(self._require_session(), group, self._out):
+                self._decoder.skip(group.size)
+                return [Signal.FLUSH]
         try:
             message = self._decoder.next_message()
         except HeadraceError as exc:

@@ -10,6 +10,13 @@ from typing import Protocol
 from headrace.coordinator.responses import Column, CommandComplete, CopyFrom, ExecuteResponse, StatementDescription
 
 
+class PreparedHandle(Protocol):
+    """A prepared statement as the coordinator holds it; pgwire only reads its description."""
+
+    @property
+    def description(self) -> StatementDescription: ...
+
+
 class SessionClient(Protocol):
     """One client session. Every method may raise HeadraceError, which pgwire reports to the client."""
 
@@ -33,6 +40,16 @@ class SessionClient(Protocol):
     async def prepare(self, name: str, sql: str, param_types: Sequence[int]) -> None: ...
 
     def describe_statement(self, name: str) -> StatementDescription: ...
+
+    def cached_statement(self, name: str, sql: str | None, param_types: Sequence[int]) -> PreparedHandle | None:
+        """Parse of `sql` without planning (the plan cache knows it), or the statement `name` (sql None)."""
+        ...
+
+    def answer_now(self, statement: PreparedHandle, params: Sequence[object]) -> list[tuple[object, ...]] | None:
+        """The statement's rows if the coordinator has them without waiting; None: run the general path."""
+        ...
+
+    def install_statement(self, name: str, statement: PreparedHandle) -> None: ...
 
     def bind(self, portal: str, statement: str, params: Sequence[object]) -> None: ...
 

@@ -382,6 +382,102 @@ _FAST_DECODERS: dict[bytes, Callable[[bytes], FrontendMessage]] = {
 }
 
 
+@dataclass(slots=True)
+class BoundGroup:
+    """One query in the extended protocol as drivers send it in one packet: [Parse] Bind [Describe portal]
+    Execute Sync, for the unnamed portal (pgbench -M prepared / extended, libpq, psycopg, asyncpg)."""
+
+    statement: str
+    parse_sql: str | None  # None: no Parse in the group
+    parse_param_types: tuple[int, ...]
+    param_formats: tuple[int, ...]
+    params: tuple[bytes | None, ...]
+    result_formats: tuple[int, ...]
+    describe: bool
+    max_rows: int
+    size: int  # bytes the whole group occupies in the buffer
+
+
+def _peek_bound_group(buffer: bytearray, start: int) -> BoundGroup | None:
+    """The BoundGroup at `start` if the buffer holds exactly that shape, complete and well formed; None
+    otherwise (incomplete, another shape, or malformed: the message-by-message path then handles it and
+    reports any error). Reads the buffer in place: this runs once per query."""
+    end = len(buffer)
+    unpack_type = _TYPE_AND_LENGTH.unpack_from
+    unpack_int16 = _unpack_int16
+    unpack_int32 = _unpack_int32
+    position = start
+    try:
+        type_byte, length = unpack_type(buffer, position)
+        parse_sql: str | None = None
+        parse_types: tuple[int, ...] = _EMPTY_TUPLE
+        if type_byte == b"P":
+            body_end = position + 1 + length
+            if body_end > end:
+                return None
+            name_end = buffer.index(0, position + 5, body_end)
+            parsed_statement = buffer[position + 5:name_end].decode()
+            sql_end = buffer.index(0, name_end + 1, body_end)
+            parse_sql = buffer[name_end + 1:sql_end].decode()
+            count = unpack_int16(buffer, sql_end + 1)[0]
+            if count < 0 or sql_end + 3 + 4 * count != body_end:
+                return None
+            if count:
+                parse_types = struct.unpack_from(f"!{count}I", buffer, sql_end + 3)
+            position = body_end
+            type_byte, length = unpack_type(buffer, position)
+        if type_byte != b"B":
+            return None
+        body_end = position + 1 + length
+        if body_end > end or buffer[position + 5] != 0:  # a named portal: the general path
+            return None
+        name_end = buffer.index(0, position + 6, body_end)
+        statement = buffer[position + 6:name_end].decode()
+        if parse_sql is not None and statement != parsed_statement:
+            return None
+        at = name_end + 1
+        count = unpack_int16(buffer, at)[0]
+        at += 2
+        param_formats = struct.unpack_from(f"!{count}h", buffer, at) if count else _EMPTY_TUPLE
+        at += 2 * count
+        count = unpack_int16(buffer, at)[0]
+        at += 2
+        params: tuple[bytes | None, ...] = _NO_PARAMS
+        if count:
+            values: list[bytes | None] = []
+            for _ in range(count):
+                size = unpack_int32(buffer, at)[0]
+                at += 4
+                if size == -1:
+                    values.append(None)
+                    continue
+                if size < 0 or at + size > body_end:
+                    return None
+                values.append(bytes(buffer[at:at + size]))
+                at += size
+            params = tuple(values)
+        count = unpack_int16(buffer, at)[0]
+        at += 2
+        result_formats = struct.unpack_from(f"!{count}h", buffer, at) if count else _EMPTY_TUPLE
+        if at + 2 * count != body_end or min(param_formats + result_formats, default=0) < 0:
+            return None
+        position = body_end
+        describe = False
+        if buffer[position:position + 7] == b"D\0\0\0\x06P\0":  # Describe of the unnamed portal
+            describe = True
+            position += 7
+        if buffer[position:position + 6] != b"E\0\0\0\x09\0":  # Execute of the unnamed portal
+            return None
+        max_rows = unpack_int32(buffer, position + 6)[0]
+        position += 10
+        if buffer[position:position + 5] != b"S\0\0\0\x04":
+            return None
+        return BoundGroup(statement, parse_sql, parse_types, param_formats, params, result_formats, describe,
+                          max_rows, position + 5 - start)
+    except (ValueError, IndexError, struct.error, UnicodeDecodeError):
+        return None
+
+
 class FrontendDecoder:
     """Incremental decoder of what a client sends.
 
@@ -445,6 +541,16 @@ class FrontendDecoder:
             except (ValueError, IndexError, struct.error):
                 pass  # malformed: the checked decoder below says exactly how
         return decode(_Reader(body))
+
+    def peek_bound_group(self) -> BoundGroup | None:
+        """The buffered BoundGroup, if the next bytes are one (nothing consumed; see skip)."""
+        if self._startup_phase or len(self._buffer) - self._offset < 5 or self._buffer[self._offset] not in b"PB":
+            return None
+        return _peek_bound_group(self._buffer, self._offset)
+
+    def skip(self, size: int) -> None:
+        """Consume `size` bytes already handled as a whole (a BoundGroup answered at once)."""
+        self._offset += size
 
     def feed(self, data: bytes) -> list[FrontendMessage]:
         """Push bytes and return every message now complete (raises on malformed input)."""

@@ -24,7 +24,7 @@ from headrace.coordinator.sources import DataLayout, SourceResources
 from headrace.pgwire import messages as m
 from headrace.pgwire.connection import PgConnection
 from headrace.pgwire.direct_lane import answer_bound_group
-from headrace.pgwire.messages.frontend import _peek_bound_group
+from headrace.pgwire.messages.frontend import peek_bound_group
 from headrace.sql.ddl import item_from_create_sql
 from headrace.store.serving import ServingStore
 from headrace.webhook.ingest import IngestRegistry
@@ -132,7 +132,7 @@ def test_same_bytes_as_the_general_path(adapter: AdapterClient, case: dict[str, 
         session = direct.session
         assert session is not None
         await run_one_by_one(direct, parts)  # the plan cache learns the text (a Parse is planned once)
-        found = _peek_bound_group(bytearray(b"".join(parts)), 0)
+        found = peek_bound_group(bytearray(b"".join(parts)), 0)
         assert found is not None and found.size == len(b"".join(parts))
         out = bytearray()
         assert answer_bound_group(session, found, out), "the lane answers an indexed point query"
@@ -151,7 +151,7 @@ def test_declines_what_the_general_path_must_answer(adapter: AdapterClient) -> N
         assert session is not None
 
         def declined(parts: list[bytes]) -> bool:
-            found = _peek_bound_group(bytearray(b"".join(parts)), 0)
+            found = peek_bound_group(bytearray(b"".join(parts)), 0)
             return found is None or not answer_bound_group(session, found, bytearray())
 
         assert declined(group("missing", [b"1"], parse=False, describe=True))  # 26000 from the general path
@@ -201,7 +201,7 @@ def test_peek_agrees_with_the_decoder(statement: str, params: list[bytes | None]
     parts += [wc.describe("P", "")] if describe else []
     parts += [wc.execute("", max_rows), wc.sync()]
     data = b"".join(parts)
-    found = _peek_bound_group(bytearray(b"junk" + data + b"more"), 4)
+    found = peek_bound_group(bytearray(b"junk" + data + b"more"), 4)
     assert found is not None and found.size == len(data)
     decoded = m.FrontendDecoder()
     decoded.push(wc.startup({"user": "u"}))
@@ -213,7 +213,7 @@ def test_peek_agrees_with_the_decoder(statement: str, params: list[bytes | None]
     assert found.parse_sql == ("SELECT 1" if parse else None) and found.describe == describe
     assert found.max_rows == max_rows
     if cut < len(data):  # an incomplete group is not a group yet
-        assert _peek_bound_group(bytearray(data[:cut]), 0) is None
+        assert peek_bound_group(bytearray(data[:cut]), 0) is None
 
 
 def test_peek_refuses_other_shapes() -> None:
@@ -226,4 +226,4 @@ def test_peek_refuses_other_shapes() -> None:
                   [wc.parse("a", "SELECT 1"), wc.bind("", "b", []), wc.execute(""), wc.sync()],
                   [bind, wc.sync()],  # no Execute
                   [bind[:-2] + b"\xff\xff", wc.execute(""), wc.sync()]):  # a bad result format count
-        assert _peek_bound_group(bytearray(b"".join(parts)), 0) is None, parts
+        assert peek_bound_group(bytearray(b"".join(parts)), 0) is None, parts

@@ -16,6 +16,7 @@ from headrace.coordinator.responses import (
     StatementDescription,
     Subscribing,
 )
+from headrace.coordinator.plan_cache import copy_statement
 from headrace.coordinator.session_sql import fetch_rows, portal_columns
 from headrace.coordinator.session import (
     REPORTED_VARIABLES,
@@ -79,7 +80,7 @@ class SessionClient:
             return self._session.statements.get(name)
         if name and name in self._session.statements:
             return None  # the general path says 42P05
-        return self._coordinator.prepare_cached(sql, param_types)
+        return self._coordinator.prepare_cached(sql, param_types, copy=False)
 
     def answer_now(self, statement: PreparedStatement, params: Sequence[object]) -> list[tuple[object, ...]] | None:
         """The rows of `statement` bound to `params`, when the coordinator has them without waiting (an index
@@ -89,8 +90,9 @@ class SessionClient:
         return self._coordinator.answer_now(self._session, statement, params)
 
     def install_statement(self, name: str, statement: PreparedStatement) -> None:
-        """What Parse does once prepared: the statement is `name`'s (the unnamed one is replaced)."""
-        self._session.statements[name] = statement
+        """What Parse does once prepared: the statement is `name`'s (the unnamed one is replaced). A copy:
+        cached_statement may have returned the plan cache's own object."""
+        self._session.statements[name] = copy_statement(statement)
 
     def describe_statement(self, name: str) -> StatementDescription:
         return self._session.get_statement(name).description

@@ -139,13 +139,14 @@ class Coordinator:
                                                                     await self.subscriptions.describe(ast)))
         return PreparedStatement(sql, ast, StatementDescription(tuple(param_types), self._static_columns(ast)))
 
-    def prepare_cached(self, sql: str, param_types: Sequence[int],
-                       fingerprint: Any = None) -> PreparedStatement | None:
+    def prepare_cached(self, sql: str, param_types: Sequence[int], fingerprint: Any = None, *,
+                       copy: bool = True) -> PreparedStatement | None:
         """The statement from the plan cache (coordinator/plan_cache.py) or as a known index lookup shape with
-        other literals (coordinator/fast_path.py); None when it must be planned."""
+        other literals (coordinator/fast_path.py); None when it must be planned. `copy=False`: possibly the
+        cache's own object, to be read only (copy_statement before keeping it in a session)."""
         if fingerprint is None:
             fingerprint = self.plan_cache.fingerprint()
-        cached = self.plan_cache.get(sql, param_types, fingerprint)
+        cached = self.plan_cache.get(sql, param_types, fingerprint, copy=copy)
         if cached is not None:
             return cached
         return self.fast_path.prepare(sql, param_types, fingerprint)
@@ -156,7 +157,7 @@ class Coordinator:
         has changes to catch up with. Nothing else differs from execute(): the same index, the same rows."""
         if not isinstance(statement, FastStatement) or session.transaction is TransactionStatus.FAILED:
             return None
-        if self.tables.behind(statement.sql):
+        if self.tables.behind(statement.shape_sql or statement.sql):
             return None
         return self.fast_path.answer_now(statement, params)
 

@@ -164,6 +164,7 @@ class FastStatement(PreparedStatement):
     fast: FastPlan | None = None
     literals: tuple[Any, ...] = ()
     exact: bool = True
+    shape_sql: str | None = None  # the first text of this shape: it names the same relations (read-your-writes)
 
 
 # ---- projection ----------------------------------------------------------------------------------------
@@ -391,7 +392,7 @@ class FastPath:
         cached = shape.statement
         values = tuple(literal_value(written) if i in shape.slots else None for i, written in enumerate(literals))
         return FastStatement(sql, cached.ast, cached.description, cached.plan, cached.fast, values,
-                             exact=sql == cached.sql)
+                             exact=sql == cached.sql, shape_sql=cached.sql)
 
     def learn(self, sql: str, param_types: Sequence[int], ast: exp.Expr, statement: PreparedStatement,
               fingerprint: Hashable) -> PreparedStatement:

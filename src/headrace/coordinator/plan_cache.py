@@ -49,8 +49,10 @@ class PlanCache:
              fingerprint: Hashable | None = None) -> tuple[str, tuple[int, ...], Hashable]:
         return (sql, tuple(param_types), self.fingerprint() if fingerprint is None else fingerprint)
 
-    def get(self, sql: str, param_types: Sequence[int], fingerprint: Hashable | None = None) -> PreparedStatement | None:
-        """`fingerprint`: the caller's self.fingerprint() of this moment, if it has one (it is not free)."""
+    def get(self, sql: str, param_types: Sequence[int], fingerprint: Hashable | None = None, *,
+            copy: bool = True) -> PreparedStatement | None:
+        """`fingerprint`: the caller's self.fingerprint() of this moment, if it has one (it is not free).
+        `copy=False`: the cached object itself, for a caller that only reads it (copy before keeping it)."""
         key = self._key(sql, param_types, fingerprint)
         found = self._entries.get(key)
         if found is None:
@@ -58,7 +60,7 @@ class PlanCache:
             return None
         self.hits += 1
         self._entries.move_to_end(key)
-        return copy_statement(found)
+        return copy_statement(found) if copy else found
 
     def put(self, sql: str, param_types: Sequence[int], statement: PreparedStatement) -> None:
         plan = statement.plan

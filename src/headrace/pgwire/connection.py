@@ -18,13 +18,15 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from headrace.errors import HeadraceError, ProtocolViolation
 from headrace.pgwire import messages
 from headrace.pgwire.copy import CopyIn, Flush
-from headrace.pgwire.direct_lane import answer_bound_group
+from headrace.pgwire.direct_lane import answer_bound_group, answer_simple_query
+from headrace.pgwire.messages.frontend import peek_bound_group
 from headrace.pgwire.extended_query import ExtendedQueryHandler
 from headrace.pgwire.auth import AuthMethod, Handshake, choose_method, make_handshake, rejection
 from headrace.pgwire.interfaces import AdapterClient, SessionClient
@@ -34,6 +36,7 @@ from headrace.pgwire.simple_query import UNNAMED, run_simple_query
 from headrace.pgwire.startup import StartupRequest, check_startup, open_session
 
 logger = logging.getLogger(__name__)
+_INT32 = struct.Struct("!i")
 
 
 class ConnectionState(enum.Enum):
@@ -116,6 +119,25 @@ class PgConnection:
 
     def receive_data(self, data: bytes) -> None:
         self._decoder.push(data)
+
+    def answer_at_once(self, data: bytes) -> bool:
+        """`data` (just received, nothing else pending) is exactly one point query the coordinator answers
+        without waiting (pgwire/direct_lane.py): its whole response is in the out buffer and True returned,
+        without a step. False: nothing changed; receive_data and step as usual."""
+        if self._state is not ConnectionState.READY or self._decoder.buffered_size or len(data) < 6:
+            return False
+        session = self._session
+        assert session is not None
+        if data[0] == 0x51:  # 'Q'
+            if _INT32.unpack_from(data, 1)[0] != len(data) - 1 or data[-1] != 0:
+                return False
+            try:
+                sql = data[5:-1].decode()
+            except UnicodeDecodeError:
+                return False
+            return "\0" not in sql and answer_simple_query(session, sql, self._out)
+        group = peek_bound_group(data)
+        return group is not None and group.size == len(data) and answer_bound_group(session, group, self._out)
 
     def tls_started(self) -> None:
         """The transport finished the TLS handshake that START_TLS asked for."""
@@ -254,6 +276,8 @@ class PgConnection:
 
     async def _handle_query(self, message: messages.Query) -> list[Effect]:
         session = self._require_session()
+        if answer_simple_query(session, message.sql, self._out):
+            return [Signal.FLUSH]
         self._running_cancel = self._cancel_event()
         try:
             copy_in = await run_simple_query(session, message.sql, self._out, self._running_cancel, self.flush_output,

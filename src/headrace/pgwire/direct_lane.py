@@ -1,5 +1,5 @@
 """Answering a whole point query at once: [Parse] Bind [Describe portal] Execute Sync, as drivers send it in
-one packet, handled as a unit when the coordinator can answer without waiting (an index lookup,
+one packet, or a simple Query of one SELECT, handled as a unit when the coordinator can answer without waiting (an index lookup,
 coordinator/fast_path.py, with no table write to wait for).
 
 This is the protocol's per-query hot path (pgbench -M prepared / extended, psycopg, asyncpg): one call
@@ -14,6 +14,7 @@ from headrace.pgwire import messages
 from headrace.pgwire.interfaces import SessionClient
 from headrace.pgwire.messages.frontend import BoundGroup
 from headrace.pgwire.results import column_encoders, resolve_formats, row_description
+from headrace.pgwire.simple_query import UNNAMED, single_statement
 from headrace.pgwire.types import decode_parameter
 
 _PARSE_COMPLETE = messages.parse_complete()
@@ -56,6 +57,32 @@ def answer_bound_group(session: SessionClient, group: BoundGroup, out: bytearray
     messages.append_data_rows(out, rows, column_encoders(columns, result_formats))
     count = len(rows)
     out += _SELECT_TAGS[count] if count < len(_SELECT_TAGS) else messages.command_complete(f"SELECT {count}")
+    session.on_sync()
+    out += messages.ready_for_query(session.transaction_status)
+    return True
+
+
+def answer_simple_query(session: SessionClient, sql: str, out: bytearray) -> bool:
+    """A Query holding one point SELECT the plan cache knows (any literals): RowDescription, DataRows,
+    CommandComplete and ReadyForQuery written into `out`, True; else False with nothing changed."""
+    text = single_statement(sql)
+    if text is None:
+        return False
+    statement = session.cached_statement(UNNAMED, text, ())
+    if statement is None:
+        return False
+    columns = statement.description.columns
+    if columns is None or statement.description.param_types:
+        return False
+    rows = session.answer_now(statement, ())
+    if rows is None:
+        return False
+    formats = resolve_formats((), len(columns))
+    out += row_description(columns, formats)
+    messages.append_data_rows(out, rows, column_encoders(columns, formats))
+    count = len(rows)
+    out += _SELECT_TAGS[count] if count < len(_SELECT_TAGS) else messages.command_complete(f"SELECT {count}")
+    session.close_statement(UNNAMED)  # as after any simple Query (PostgreSQL drops the unnamed statement)
     session.on_sync()
     out += messages.ready_for_query(session.transaction_status)
     return True

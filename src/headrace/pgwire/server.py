@@ -1,6 +1,7 @@
 """The asyncio transport: the only pgwire code that touches sockets.
 
-Per connection: read -> PgConnection (decode + state machine) -> write. Output is written when an
+Per connection: read -> PgConnection (decode + state machine) -> write. A point query arriving while the
+connection waits is answered in the read callback itself (PgStreamProtocol), without waking its task. Output is written when an
 effect asks (ReadyForQuery, Flush, errors, close) or when more than WRITE_HIGH_WATER bytes are
 pending, so a pipelined batch goes out in few writes. Statements run one at a time per connection;
 a CancelRequest arrives on its own connection and is passed to adapter.cancel. START_TLS upgrades
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import socket
 import ssl
@@ -30,14 +32,48 @@ async def start_pgwire_server(adapter: AdapterClient, host: str, port: int,
     """Listen for PostgreSQL clients; close the returned server to stop accepting connections.
     Without `security`: trust on loopback, SCRAM elsewhere (no passwords known), no TLS."""
 
-    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await serve_connection(adapter, reader, writer, security)
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(lambda: PgStreamProtocol(adapter, security), host, port)
 
-    return await asyncio.start_server(on_client, host, port)
+
+class PgStreamProtocol(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol, plus one shortcut: bytes that arrive while the connection's task waits for
+    input and that are exactly one point query the coordinator answers at once (PgConnection.answer_at_once)
+    are answered right here, in the event loop's callback, without waking the task."""
+
+    def __init__(self, adapter: AdapterClient, security: SecurityConfig | None) -> None:
+        super().__init__(asyncio.StreamReader(limit=READ_CHUNK_SIZE), self._serve)
+        self._adapter = adapter
+        self._security = security
+        self.connection: PgConnection | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.idle = False  # the task waits in reader.read() with nothing buffered: set and cleared by it
+        # The serving task's context once its session is open: codecs find the session's TimeZone there
+        # (pgwire/types/time_zone.py), so answers given here must run in it too.
+        self.context: contextvars.Context | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await serve_connection(self._adapter, reader, writer, self._security, self)
+
+    def data_received(self, data: bytes) -> None:
+        connection, writer, context = self.connection, self.writer, self.context
+        if (self.idle and connection is not None and writer is not None and context is not None
+                and writer.transport.get_write_buffer_size() < WRITE_HIGH_WATER):
+            try:
+                answered = context.run(connection.answer_at_once, data)
+            except Exception:
+                logger.exception("answering at once failed; the general path takes the query")
+                answered = False
+            if answered:
+                writer.write(connection.take_output())
+                return
+        self.idle = False  # the task wakes up for these bytes
+        super().data_received(data)
 
 
 async def serve_connection(adapter: AdapterClient, reader: asyncio.StreamReader,
-                           writer: asyncio.StreamWriter, security: SecurityConfig | None = None) -> None:
+                           writer: asyncio.StreamWriter, security: SecurityConfig | None = None,
+                           protocol: PgStreamProtocol | None = None) -> None:
     sock = writer.get_extra_info("socket")
     peer_address: str | None = None
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -45,6 +81,8 @@ async def serve_connection(adapter: AdapterClient, reader: asyncio.StreamReader,
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer_address = str(writer.get_extra_info("peername")[0])
     connection = PgConnection(adapter, security, peer_address)
+    if protocol is not None:
+        protocol.connection, protocol.writer = connection, writer
 
     async def flush_output() -> None:  # streaming responses (COPY TO, SUBSCRIBE) write as they go
         output = connection.take_output()
@@ -59,8 +97,19 @@ async def serve_connection(adapter: AdapterClient, reader: asyncio.StreamReader,
 
     connection.flush_output = flush_output
     connection.watch_peer = watch_peer
+    async def next_input() -> bytes:
+        if protocol is None:
+            return await reader.read(READ_CHUNK_SIZE)
+        if protocol.context is None and connection.session is not None:
+            protocol.context = contextvars.copy_context()
+        protocol.idle = not reader._buffer  # type: ignore[attr-defined]  # asyncio's own buffer: empty means wait
+        try:
+            return await reader.read(READ_CHUNK_SIZE)
+        finally:
+            protocol.idle = False
+
     try:
-        while data := await reader.read(READ_CHUNK_SIZE):
+        while data := await next_input():
             connection.receive_data(data)
             while (effects := await connection.step()) is not None:
                 if not effects and connection.pending_output_size < WRITE_HIGH_WATER:

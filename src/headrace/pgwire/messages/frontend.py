@@ -398,7 +398,7 @@ class BoundGroup:
     size: int  # bytes the whole group occupies in the buffer
 
 
-def _peek_bound_group(buffer: bytearray, start: int) -> BoundGroup | None:
+def peek_bound_group(buffer: bytes | bytearray, start: int = 0) -> BoundGroup | None:
     """The BoundGroup at `start` if the buffer holds exactly that shape, complete and well formed; None
     otherwise (incomplete, another shape, or malformed: the message-by-message path then handles it and
     reports any error). Reads the buffer in place: this runs once per query."""
@@ -546,7 +546,7 @@ class FrontendDecoder:
         """The buffered BoundGroup, if the next bytes are one (nothing consumed; see skip)."""
         if self._startup_phase or len(self._buffer) - self._offset < 5 or self._buffer[self._offset] not in b"PB":
             return None
-        return _peek_bound_group(self._buffer, self._offset)
+        return peek_bound_group(self._buffer, self._offset)
 
     def skip(self, size: int) -> None:
         """Consume `size` bytes already handled as a whole (a BoundGroup answered at once)."""

@@ -73,3 +73,21 @@ def test_type_introspection_and_transaction(server: HeadraceProcess) -> None:
     oids, in_block = run(server, body)
     assert oids == [23, 25]
     assert in_block == 1
+
+
+def test_untyped_parameters_take_the_column_type(server: HeadraceProcess) -> None:
+    """asyncpg encodes each argument by the type Describe reports: `k = $1` must say int4 (as PostgreSQL
+    infers it), or asyncpg refuses a Python int. The same lookup through an index takes the fast path."""
+    async def body(conn: asyncpg.Connection) -> tuple[object, ...]:
+        await conn.execute("CREATE TABLE apg_typed (k int PRIMARY KEY, v text, d date)")
+        await conn.execute("INSERT INTO apg_typed VALUES (1, 'one', '2024-01-02'), (2, 'two', '2024-03-04')")
+        scanned = await conn.fetch("SELECT v FROM apg_typed WHERE k = $1 OR d > $2 ORDER BY v", 1,
+                                   datetime.date(2024, 3, 1))
+        await conn.execute("CREATE INDEX apg_typed_k ON apg_typed (k)")
+        statement = await conn.prepare("SELECT v, d FROM apg_typed WHERE k = $1")
+        looked_up = [await statement.fetchrow(k) for k in (2, 1, 3)]
+        return [row["v"] for row in scanned], [tuple(row) if row else None for row in looked_up]
+
+    scanned, looked_up = run(server, body)
+    assert scanned == ["one", "two"]
+    assert looked_up == [("two", datetime.date(2024, 3, 4)), ("one", datetime.date(2024, 1, 2)), None]

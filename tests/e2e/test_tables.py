@@ -137,6 +137,32 @@ def test_transactions_are_atomic_and_seen_by_other_sessions_after_commit(server:
         assert reader.execute(f"SELECT count(*) FROM {name} WHERE id = 4").fetchone() == (0,)
 
 
+def test_a_block_never_reads_a_table_without_its_own_writes(server: HeadraceProcess) -> None:
+    """Inside BEGIN, reading a table the block wrote to would miss those writes (they reach the store at
+    COMMIT): refused with 25000, also through an index (the fast path) and a view over the table. Reads of
+    other tables, and reads before the first write, are answered."""
+    name, other, view = fresh("own"), fresh("other"), fresh("own_total")
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, n int)")
+        conn.execute(f"CREATE TABLE {other} (id int PRIMARY KEY)")
+        conn.execute(f"INSERT INTO {name} VALUES (1, 10)")
+        conn.execute(f"INSERT INTO {other} VALUES (7)")
+        conn.execute(f"CREATE INDEX {name}_id ON {name} (id)")
+        conn.execute(f"CREATE MATERIALIZED VIEW {view} AS SELECT sum(n) AS total FROM {name}")
+        conn.execute("BEGIN")
+        assert conn.execute(f"SELECT n FROM {name} WHERE id = %s", (1,)).fetchone() == (10,)  # before a write
+        conn.execute(f"INSERT INTO {name} VALUES (2, 20)")
+        for query in (f"SELECT n FROM {name} WHERE id = 1", f"SELECT count(*) FROM {name}",
+                      f"SELECT total FROM {view}"):
+            conn.execute("SAVEPOINT probe")
+            with pytest.raises(psycopg.errors.InvalidTransactionState, match="has written to it"):
+                conn.execute(query)
+            conn.execute("ROLLBACK TO SAVEPOINT probe")
+        assert conn.execute(f"SELECT id FROM {other}").fetchall() == [(7,)]
+        conn.execute("COMMIT")
+        assert conn.execute(f"SELECT n FROM {name} WHERE id = %s", (2,)).fetchone() == (20,)
+
+
 def test_copy_from_text_and_csv_bad_data_and_copy_fail(server: HeadraceProcess) -> None:
     name = fresh("copied")
     with psycopg.connect(server.dsn, autocommit=True) as conn:

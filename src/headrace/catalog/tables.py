@@ -16,20 +16,22 @@ HIDDEN_ROW_ID = "hr_row_id"
 # version it was inserted with, so views' order-sensitive aggregates (first, last, array_agg) retract exactly.
 HIDDEN_VERSION = "hr_version"
 
-# PostgreSQL type name (canonical) -> (serving-store DuckDB type, PostgreSQL type OID). The serving store takes
-# only the DuckDB types in store/serving.py's SUPPORTED_TYPES; PostgreSQL types it cannot hold exactly (numeric,
-# date, timestamp, uuid, interval) are refused at CREATE TABLE rather than stored lossily.
+# PostgreSQL type name (canonical) -> (serving-store DuckDB type, PostgreSQL type OID). Every type is held exactly
+# by a native DuckDB type; numeric's is DECIMAL(p,s) of the column's precision and scale (store/table_types.py).
 COLUMN_TYPES: dict[str, tuple[str, int]] = {
     "int2": ("INTEGER", 21), "int4": ("INTEGER", 23), "int8": ("BIGINT", 20),
     "float4": ("DOUBLE", 700), "float8": ("DOUBLE", 701),
     "text": ("VARCHAR", 25), "varchar": ("VARCHAR", 1043), "bpchar": ("VARCHAR", 1042),
     "bool": ("BOOLEAN", 16), "timestamptz": ("TIMESTAMPTZ", 1184),
     "json": ("JSON", 114), "jsonb": ("JSON", 3802), "bytea": ("BLOB", 17),
+    "numeric": ("DECIMAL", 1700), "date": ("DATE", 1082), "timestamp": ("TIMESTAMP", 1114), "uuid": ("UUID", 2950),
+    "interval": ("INTERVAL", 1186),
 }
 TYPE_ALIASES = {
     "smallint": "int2", "integer": "int4", "int": "int4", "bigint": "int8", "real": "float4",
     "double precision": "float8", "double": "float8", "float": "float8", "character varying": "varchar",
     "character": "bpchar", "char": "bpchar", "boolean": "bool", "timestamp with time zone": "timestamptz",
+    "decimal": "numeric", "timestamp without time zone": "timestamp",
 }
 
 
@@ -39,10 +41,17 @@ class TableColumn:
     pg_type: str  # canonical PostgreSQL name: int4, text, varchar, timestamptz, ...
     not_null: bool = False
     max_length: int | None = None  # varchar(n) / char(n)
+    precision: int | None = None  # numeric(p,s); None: unconstrained numeric (held as DECIMAL(38,10))
+    scale: int | None = None
+    default: str | None = None  # DEFAULT: the expression's SQL (coordinator/table_defaults.py evaluates it)
 
     @property
     def store_type(self) -> str:
         """The DuckDB type of the column in the serving store."""
+        if self.pg_type == "numeric":
+            from headrace.store.table_types import duckdb_type
+
+            return duckdb_type("numeric", self.precision, self.scale)
         return COLUMN_TYPES[self.pg_type][0]
 
     @property
@@ -51,7 +60,9 @@ class TableColumn:
 
     @property
     def type_sql(self) -> str:
-        """The type as PostgreSQL writes it (varchar(10), int4, ...)."""
+        """The type as PostgreSQL writes it (varchar(10), numeric(10,2), int4, ...)."""
+        if self.pg_type == "numeric" and self.precision is not None:
+            return f"numeric({self.precision},{self.scale or 0})"
         return f"{self.pg_type}({self.max_length})" if self.max_length is not None else self.pg_type
 
 

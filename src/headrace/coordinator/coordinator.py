@@ -54,7 +54,7 @@ from headrace.sql.ast import SavepointStatement, ShowObjects, SubscribeStatement
 from headrace.sql.parser import parse_statement
 from headrace.sql.select import is_query, plan_select
 from headrace.sql.types import TEXT_OID
-from headrace.store.query import describe_query, run_query, session_parameters
+from headrace.store.query import describe_query, probe_parameter_types, run_query, session_parameters
 from headrace.store.system_tables import SystemTables
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,10 @@ class Coordinator:
             return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))
         if is_query(ast):
             plan = plan_select(ast, self._relation_exists, param_types)
+            if plan.param_probe is not None:  # `k = $1`: $1 takes k's type, as in PostgreSQL
+                inferred = await self._run(probe_parameter_types, self.resources.store, plan, param_types)
+                if inferred is not None:
+                    plan = plan_select(ast, self._relation_exists, inferred)
             if plan.reads_system_catalog:
                 await self._run(self.system_catalog.refresh)
             unbound = plan
@@ -157,6 +161,8 @@ class Coordinator:
         has changes to catch up with. Nothing else differs from execute(): the same index, the same rows."""
         if not isinstance(statement, FastStatement) or session.transaction is TransactionStatus.FAILED:
             return None
+        if session.in_block and self.tables.has_pending_writes(session):
+            return None  # execute() decides whether the read must be refused
         if self.tables.behind(statement.shape_sql or statement.sql):
             return None
         return self.fast_path.answer_now(statement, params)
@@ -185,6 +191,8 @@ class Coordinator:
             raise HeadraceError("current transaction is aborted, commands ignored until end of transaction block",
                                 sqlstate=AbortedTransaction)
         if statement.plan is not None or isinstance(statement, FastStatement) or isinstance(ast, SubscribeStatement):
+            if session.in_block:
+                self.tables.refuse_read_of_own_writes(session, statement.sql)
             await self.tables.wait_visible(statement.sql)  # read-your-writes of tables (coordinator/tables.py)
         if isinstance(statement, FastStatement):  # answered from an index (coordinator/fast_path.py)
             return await self.fast_path.execute(self, session, portal, max_rows, cancel)

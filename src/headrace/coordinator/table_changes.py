@@ -8,12 +8,14 @@ transaction)."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from headrace.catalog.tables import Table
+from headrace.catalog.tables import Table, TableColumn
 from headrace.errors import HeadraceError
+from headrace.store import table_types
 from headrace.store.table_log import Document, RowChange, change_between
 
 Key = tuple[Any, ...]
@@ -29,8 +31,8 @@ def row_key(table: Table, document: Document) -> Key:
 def check_not_null(table: Table, document: Document) -> None:
     for column in table.not_null_columns:
         if document.get(column) is None:
-            shown = ", ".join("null" if document.get(c) is None else _text(document.get(c))
-                              for c in table.column_names())
+            shown = ", ".join("null" if document.get(c.name) is None else _column_text(c, document.get(c.name))
+                              for c in table.columns)
             raise HeadraceError(f'null value in column "{column}" of relation "{table.name}" violates not-null '
                                 "constraint", detail=f"Failing row contains ({shown}).", sqlstate=NOT_NULL_VIOLATION)
 
@@ -40,6 +42,15 @@ def duplicate_key(table: Table, key: Key) -> HeadraceError:
     values = ", ".join(_text(value) for value in key)
     return HeadraceError(f'duplicate key value violates unique constraint "{table.name}_pkey"',
                          detail=f"Key ({columns})=({values}) already exists.", sqlstate=UNIQUE_VIOLATION)
+
+
+def _column_text(column: TableColumn, value: Any) -> str:
+    """A document value as PostgreSQL prints it in a failing row (dates, timestamps, ... not their numbers)."""
+    if column.pg_type in table_types.EXACT_TYPES:
+        value = table_types.to_python(column.pg_type, value)
+    elif column.pg_type == "timestamptz" and isinstance(value, int):
+        value = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(microseconds=value)
+    return _text(value)
 
 
 def _text(value: Any) -> str:

@@ -21,7 +21,12 @@ _Overlay = tuple[int, dict[Key, Document | None]]  # (end offset of the record, 
 
 
 class TableLog:
+    # Bumped whenever any table's acknowledged end may have grown (an open, an append): a read that found
+    # every table caught up stays caught up until this or the catalog changes (Tables.behind's memo).
+    acknowledgements = 0
+
     def __init__(self, table: Table, log_dir: Path) -> None:
+        TableLog.acknowledgements += 1
         self.table = table
         self.log_dir = log_dir
         self.lock = asyncio.Lock()
@@ -50,6 +55,7 @@ class TableLog:
         end = next_offset(offsets[0], payload)
         self._overlay.append((end, {change.key: change.new for change in changes}))
         self.acked_end = max(self.acked_end, end)
+        TableLog.acknowledgements += 1
         return end
 
     def overlay(self, applied_end: int) -> dict[Key, Document | None]:

@@ -12,6 +12,7 @@ PostgreSQL's assignment would (store/table_log.to_document: 22P02, 22003, 22001)
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal, InvalidOperation
@@ -21,13 +22,15 @@ from sqlglot import exp
 
 from headrace.catalog.items import DEFAULT_SCHEMA
 from headrace.catalog.tables import Table, TableColumn
+from headrace.coordinator import table_upserts as upserts
+from headrace.coordinator.table_defaults import default_ast, default_document
 from headrace.errors import FeatureNotSupported, HeadraceError, SyntaxError_, UndefinedColumn
 from headrace.sql import table_statements as grammar
 from headrace.sql.select import SelectPlan, plan_select
 from headrace.store.query import run_query, session_parameters
 from headrace.store.serving import ServingStore
 from headrace.store.table_log import Document, ValueError_, to_document
-from headrace.store.table_reads import select_current
+from headrace.store.table_reads import select_current, select_over_pairs
 
 Key = tuple[Any, ...]
 SET_PREFIX = "hr_set_"
@@ -111,7 +114,13 @@ class WriteComputer:
                     for column, node in zip(columns, row):
                         if _is_parameter(node) and column is not None:
                             found.setdefault(_parameter_number(node) or 0, column.type_oid)
-                count = max([*found, len(declared)], default=0)
+                upsert = upserts.conflict_clause(ast, table)
+                for column, node in upsert.assignments if upsert is not None else ():
+                    if _is_parameter(node):  # ON CONFLICT ... SET col = $n
+                        found.setdefault(_parameter_number(node) or 0, column.type_oid)
+                numbers = [_parameter_number(n) or 0 for n in ast.find_all(exp.Placeholder, exp.Parameter)
+                           if _is_parameter(n)]
+                count = max([*found, *numbers, len(declared)], default=0)
                 return tuple((declared[i - 1] if i <= len(declared) and declared[i - 1] else found.get(i, 25))
                              for i in range(1, count + 1))
             return self._insert_plan(table, ast, declared).param_types
@@ -123,8 +132,10 @@ class WriteComputer:
         names = grammar.insert_columns(ast, table)
         columns = [table.column(name) for name in names]
         rows = _values_rows(ast)
+        now = datetime.datetime.now(datetime.timezone.utc)
         if rows is not None and all(_is_simple(node) for row in rows for node in row):
-            values = [[_simple_value(node, params) for node in row] for row in rows]
+            values = [[_DEFAULT if _is_default(node) else _simple_value(node, params) for node in row]
+                      for row in rows]
         else:
             plan = self._insert_plan(table, ast, ())
             values = await self._run(self._query, plan, session_parameters(plan, params, session))
@@ -134,10 +145,11 @@ class WriteComputer:
                 raise SyntaxError_("INSERT has more expressions than target columns")
             if len(row) < len(columns) and rows is None:
                 raise SyntaxError_("INSERT has more target columns than expressions")
-            document: Document = {name: None for name in table.column_names()}
+            document = defaults_document(table, now)
             for column, value in zip(columns, row):
                 assert column is not None
-                document[column.name] = _converted(column, value)
+                document[column.name] = default_document(column, now) if value is _DEFAULT \
+                    else _converted(column, value)
             documents.append(document)
         return documents
 
@@ -149,7 +161,8 @@ class WriteComputer:
             for row in _values_rows(ast) or []:
                 items = [_typed(node, column) if column is not None else node.copy()
                          for node, column in zip(row, [*columns, *([None] * len(row))])]
-                items = [exp.Null() if _is_default(node) else node for node in items]
+                items = [_default_node(column) if _is_default(node) else node
+                         for node, column in zip(items, [*columns, *([None] * len(items))])]
                 selects.append(exp.Select(expressions=items))
             query = selects[0]
             for select in selects[1:]:
@@ -173,7 +186,9 @@ class WriteComputer:
         select = exp.Select(expressions=projections).from_(target)
         where = ast.args.get("where")
         if where is not None:
-            select.set("where", where.copy())
+            where = where.copy()
+            _type_compared_parameters(where, table)
+            select.set("where", where)
 
         def exists(schema: str, name: str) -> bool:
             return (schema, name) == (DEFAULT_SCHEMA, table.name) or self._relation_exists(schema, name)
@@ -201,6 +216,35 @@ class WriteComputer:
                                 session_parameters(plan, params, session), 0)
         return [old for old, _ in found]
 
+    # ---- INSERT ... ON CONFLICT DO UPDATE ------------------------------------------------------------
+    async def upsert_pairs(self, table: Table, ast: exp.Insert, upsert: upserts.Upsert,
+                           conflicts: list[tuple[Document, Document]], params: Sequence[Any],
+                           session: Any) -> list[tuple[Document, Document] | None]:
+        """Per conflict (existing row, proposed row): (existing, updated) or None when the WHERE rejects it."""
+        if not conflicts:
+            return []
+        select = upserts.update_select(table, ast, upsert, _typed)
+
+        def exists(schema: str, name: str) -> bool:
+            return (schema, name) == (DEFAULT_SCHEMA, table.name) or self._relation_exists(schema, name)
+
+        plan = plan_select(select, exists, ())
+        rows = await self._run(select_over_pairs, self.store, table, conflicts, plan.duckdb_sql,
+                               session_parameters(plan, params[:len(plan.param_types)], session),
+                               upserts.EXCLUDED_PREFIX, upserts.ROW_INDEX)
+        results: list[tuple[Document, Document] | None] = [None] * len(conflicts)
+        count = len(upsert.assignments)
+        for row in rows:
+            index = row[-1]
+            if upsert.where is not None and row[count] is not True:
+                continue
+            old = conflicts[index][0]
+            new = dict(old)
+            for (column, _), value in zip(upsert.assignments, row[:count]):
+                new[column.name] = _converted(column, value)
+            results[index] = (old, new)
+        return results
+
     # ---- plumbing -----------------------------------------------------------------------------------
     def _query(self, plan: SelectPlan, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self.store.cursor() as cursor:
@@ -224,8 +268,40 @@ def _set_list(ast: exp.Update, table: Table) -> list[tuple[TableColumn, exp.Expr
             raise SyntaxError_(f'multiple assignments to same column "{column.name}"', sqlstate="42601")
         seen.add(column.name)
         value = node.expression
-        assignments.append((column, exp.Null() if _is_default(value) else value))
+        assignments.append((column, _default_node(column) if _is_default(value) else value))
     return assignments
+
+
+_DEFAULT = object()  # the DEFAULT keyword in a VALUES row
+_COMPARISONS = (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE, exp.Is)
+
+
+def _type_compared_parameters(where: exp.Expr, table: Table) -> None:
+    """`col = $1`, `col < $1`, `col IN ($1, ...)`: the parameter takes the column's type, as PostgreSQL infers it
+    (asyncpg then sends a uuid / date / numeric value, not text)."""
+    for node in list(where.find_all(exp.Placeholder, exp.Parameter)):
+        if not _is_parameter(node):
+            continue
+        parent = node.parent
+        others: list[exp.Expr] = []
+        if isinstance(parent, _COMPARISONS):
+            others = [parent.left if parent.right is node else parent.right]
+        elif isinstance(parent, exp.In) and node is not parent.this:
+            others = [parent.this]
+        column = next((table.column(o.name) for o in others if isinstance(o, exp.Column)), None)
+        if column is not None:
+            node.replace(_typed(node, column))
+
+
+def defaults_document(table: Table, now: datetime.datetime) -> Document:
+    """A new row before its listed columns are set: each column's DEFAULT (NULL without one)."""
+    return {column.name: default_document(column, now) for column in table.columns}
+
+
+def _default_node(column: TableColumn | None) -> exp.Expr:
+    """DEFAULT in a planned statement: the column's default expression (now(), a constant, ...) or NULL."""
+    node = default_ast(column) if column is not None else None
+    return node if node is not None else exp.Null()
 
 
 def _typed(node: exp.Expr, column: TableColumn) -> exp.Expr:
@@ -235,8 +311,13 @@ def _typed(node: exp.Expr, column: TableColumn) -> exp.Expr:
     return node.copy()
 
 
+def column_document(column: TableColumn, value: Any) -> Any:
+    """A value as the document form of `column` (ValueError_ when it does not fit)."""
+    return to_document(column.pg_type, value, column.max_length, column.precision, column.scale)
+
+
 def _converted(column: TableColumn, value: Any) -> Any:
     try:
-        return to_document(column.pg_type, value, column.max_length)
+        return column_document(column, value)
     except ValueError_ as error:
-        raise HeadraceError(error.message, sqlstate=error.sqlstate) from None
+        raise HeadraceError(error.message, sqlstate=error.sqlstate, detail=error.detail) from None

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
+import re
 import shutil
 import threading
 import time
@@ -39,14 +41,15 @@ from headrace.catalog.tables import HIDDEN_ROW_ID, HIDDEN_VERSION, Table
 from headrace import failpoints
 from headrace.coordinator import table_changes as changes
 from headrace.coordinator import table_commits as commits
+from headrace.coordinator import table_upserts as upserts
 from headrace.coordinator.responses import Column, CommandComplete, ExecuteResponse, SendingRows, StatementDescription
 from headrace.coordinator.session import Session
 from headrace.coordinator.table_log_state import TableLog
-from headrace.coordinator.table_writes import WriteComputer
+from headrace.coordinator.table_writes import WriteComputer, column_document, defaults_document
 from headrace.errors import DuplicateObject, HeadraceError, UndefinedObject
 from headrace.sql import table_statements as grammar
 from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore
-from headrace.store.table_log import ValueError_, encode_changes, to_document
+from headrace.store.table_log import ValueError_, encode_changes
 from headrace.store.table_reads import (
     applied_checkpoints,
     applied_ends,
@@ -81,6 +84,7 @@ class Tables:
         self._logs: dict[str, TableLog] = {}
         self._applied: dict[str, int] = {}  # table id -> log end the store is known to hold
         self._included: dict[str, frozenset[str]] = {}  # table id -> views its stored checkpoint includes
+        self._settled: dict[str | None, tuple[int, int]] = {}  # statement text -> when behind() found nothing
         self._row_ids = _RowIds()
         self.writes = WriteComputer(store, executor, relation_exists)
 
@@ -164,6 +168,9 @@ class Tables:
         if isinstance(ast, exp.Insert):
             documents = await self.writes.insert_documents(table, ast, params, session)
             self._assign_row_ids(table, documents)
+            upsert = upserts.conflict_clause(ast, table)
+            if upsert is not None:
+                return await self._upsert(table, ast, upsert, documents, params, session, pending, overlay)
             existing = {} if table.has_hidden_key else \
                 await self._existing(table, [changes.row_key(table, d) for d in documents], overlay)
             return changes.insert(pending, documents, existing), documents
@@ -178,6 +185,25 @@ class Tables:
         assert isinstance(ast, exp.Delete)
         rows = await self.writes.delete_rows(table, ast, params, session, overlay)
         return changes.delete(pending, rows), rows
+
+    async def _upsert(self, table: Table, ast: exp.Insert, upsert: upserts.Upsert, documents: list[dict[str, Any]],
+                      params: Sequence[Any], session: Session, pending: changes.PendingTable,
+                      overlay: dict[Any, Any]) -> tuple[int, list[dict[str, Any]]]:
+        """INSERT ... ON CONFLICT (coordinator/table_upserts.py): insert the new keys, skip or update the others."""
+        for document in documents:
+            changes.check_not_null(table, document)
+        keys = [changes.row_key(table, d) for d in documents]
+        existing = {} if table.has_hidden_key else await self._existing(table, keys, overlay)
+        split = upserts.split_proposals(table, upsert, documents, keys, existing)
+        updated = await self.writes.upsert_pairs(table, ast, upsert, split.conflicts, params, session)
+        pairs = [pair for pair in updated if pair is not None]
+        for _, new in pairs:
+            new[HIDDEN_VERSION] = self._row_ids.next()
+        count = changes.insert(pending, split.inserts, existing)
+        count += changes.update(pending, pairs, {})
+        rows = [split.inserts[i] if not is_conflict else updated[i][1]  # type: ignore[index]
+                for is_conflict, i in split.order if not is_conflict or updated[i] is not None]
+        return count, rows
 
     def _result(self, table: Table, ast: exp.Expr, count: int, rows: list[dict[str, Any]]) -> ExecuteResponse:
         verb = {"insert": "INSERT 0", "update": "UPDATE", "delete": "DELETE"}[ast.key]
@@ -240,16 +266,17 @@ class Tables:
         table = self.table_named(*target)
         table_columns = [table.column(c.name) for c in columns]
         documents = []
+        now = datetime.datetime.now(datetime.timezone.utc)
         try:
             for row in rows:
-                document: dict[str, Any] = {name: None for name in table.column_names()}
+                document: dict[str, Any] = defaults_document(table, now)
                 for column, value in zip(table_columns, row):
                     assert column is not None
-                    document[column.name] = to_document(column.pg_type, value, column.max_length)
+                    document[column.name] = column_document(column, value)
                 documents.append(document)
         except ValueError_ as error:
-            raise HeadraceError(error.message, sqlstate=error.sqlstate,
-                                detail=f"COPY {table.name}, line {len(documents) + 1}") from None
+            detail = f"COPY {table.name}, line {len(documents) + 1}" + (f": {error.detail}" if error.detail else "")
+            raise HeadraceError(error.message, sqlstate=error.sqlstate, detail=detail) from None
         self._assign_row_ids(table, documents)
         table_log = self._logs[table.id]
         in_block = session.in_block
@@ -321,6 +348,12 @@ class Tables:
         """Tables the statement may read (named in its text, directly or through a view over them; all when
         the text is unknown) that the store has not caught up with: id -> (acknowledged end, ids of the views
         over it the statement names, which must be in the store's checkpoint: created and backfilled)."""
+        if exclude is None:
+            # Nothing acknowledged and no catalog change since this text last found everything caught up:
+            # still caught up (the store only moves forward). The per-query path: one dictionary lookup.
+            settled_at = (self.catalog.generation, TableLog.acknowledgements)
+            if self._settled.get(statement_sql) == settled_at:
+                return {}
         result = {}
         lowered = statement_sql.lower() if statement_sql is not None else None
         for table_id, table_log in self._logs.items():
@@ -335,7 +368,35 @@ class Tables:
             if table_log.acked_end <= self._applied.get(table_id, 0) and views <= included:
                 continue
             result[table_id] = (table_log.acked_end, views)
+        if not result and exclude is None:
+            if len(self._settled) >= 4096:
+                self._settled.clear()
+            self._settled[statement_sql] = settled_at
         return result
+
+    def has_pending_writes(self, session: Session) -> bool:
+        """Whether the session's open transaction block holds writes not yet committed."""
+        pending: dict[str, changes.PendingTable] | None = getattr(session, _PENDING_ATTRIBUTE, None)
+        return bool(pending) and any(pending.values())  # type: ignore[union-attr]
+
+    def refuse_read_of_own_writes(self, session: Session, statement_sql: str | None) -> None:
+        """A read inside a transaction block of a table the block has written to (or of a view over it) would
+        not see those writes (they reach the store at COMMIT): refused rather than answered wrongly, as
+        Materialize refuses reads in a write transaction."""
+        if not self.has_pending_writes(session):
+            return
+        lowered = statement_sql.lower() if statement_sql is not None else None
+        for pending in getattr(session, _PENDING_ATTRIBUTE).values():
+            if not pending:
+                continue
+            table = pending.table
+            names = [table.name, *(view.name for view in self._views_over(table))]
+            if lowered is None or any(re.search(rf"(?<![\w$]){re.escape(name.lower())}(?![\w$])", lowered)
+                                      for name in names):
+                raise HeadraceError(
+                    f'cannot read table "{table.name}" in a transaction block that has written to it',
+                    sqlstate="25000", detail="writes inside BEGIN ... COMMIT reach the store at COMMIT",
+                    hint="read before the first write, or COMMIT first")
 
     def _views_over(self, table: Table) -> list[Any]:
         return [v for v in self.catalog.views() if (v.input_schema, v.input_name) == (table.schema, table.name)]
@@ -358,6 +419,10 @@ class Tables:
 
         while True:
             found = await self._run(applied_checkpoints, self.store, list(by_materialization))
+            if any(end > self._applied.get(by_materialization[m], 0) for m, (end, _) in found.items()):
+                # The driver counts a commit (note_committed) just after it becomes visible: this poll may
+                # have seen it first. Count it now, or an index would think itself current without it.
+                self.store.note_committed()
             for materialization, (end, views) in found.items():
                 table_id = by_materialization[materialization]
                 self._applied[table_id] = max(self._applied.get(table_id, 0), end)

@@ -33,7 +33,9 @@ BACKFILL_CHUNK_ROWS = 200_000
 _VIEW_TYPES = {"json": "jsonb", "bpchar": "text"}  # as the view compiler knows them
 _ARROW = {"int2": pa.int32(), "int4": pa.int32(), "int8": pa.int64(), "float4": pa.float64(), "float8": pa.float64(),
           "text": pa.string(), "varchar": pa.string(), "bool": pa.bool_(), "timestamptz": pa.int64(),
-          "jsonb": pa.string(), "bytea": pa.binary()}
+          "jsonb": pa.string(), "bytea": pa.binary(), "numeric": pa.float64(),
+          # date, timestamp, interval and uuid travel in their document form: days, microseconds, text
+          "date": pa.int64(), "timestamp": pa.int64(), "interval": pa.int64(), "uuid": pa.string()}
 
 
 def table_relation(table: Table) -> InputRelation:
@@ -94,6 +96,8 @@ def _contract_value(pg_type: str, value: Any) -> Any:
         return json.dumps(value, separators=(",", ":"))
     if pg_type == "bytea":
         return base64.b64decode(value)
+    if pg_type == "numeric":  # the view contract carries numeric as double (pipeline/views.py doc_value)
+        return float(value)
     return value
 
 

@@ -41,6 +41,10 @@ class SelectPlan:
     session_inputs: tuple[str, ...] = ()
     # Reads pg_catalog / information_schema: the system catalog must be fresh (catalog/system).
     reads_system_catalog: bool = False
+    # Parameters typed text only for want of a cast, each compared with an expression: (numbers, a DuckDB
+    # query whose output columns are those expressions). Describing it gives their types, which PostgreSQL
+    # would give the parameters (`k = $1` with k int4 makes $1 int4): see parameter_types_from_probe.
+    param_probe: tuple[tuple[int, ...], str] | None = None
 
 
 def is_query(ast: exp.Expr) -> bool:
@@ -57,8 +61,62 @@ def plan_select(ast: exp.Expr, relation_exists: RelationResolver, declared_param
     translator = FunctionTranslator(len(param_types) + 1, _is_known_setting, SERVER_VERSION_TEXT.format(version=_version()))
     translator.translate(ast)
     _use_store_functions(ast)
+    untyped = _untyped_parameters(ast, param_types, declared_param_types)
     return SelectPlan(duckdb_sql=ast.sql(dialect="duckdb"), column_names=tuple(names), param_types=param_types,
-                      session_inputs=tuple(translator.session_inputs), reads_system_catalog=reads_system_catalog)
+                      session_inputs=tuple(translator.session_inputs), reads_system_catalog=reads_system_catalog,
+                      param_probe=_parameter_probe(ast, untyped) if untyped and not translator.session_inputs else None)
+
+
+def _untyped_parameters(ast: exp.Expr, param_types: Sequence[int], declared: Sequence[int]) -> set[int]:
+    """Parameters that are text only because nothing said otherwise (not declared, never cast)."""
+    cast = {_parameter_number(node) for node in ast.find_all(exp.Placeholder, exp.Parameter)
+            if isinstance(node.parent, exp.Cast)}
+    return {number for number in range(1, len(param_types) + 1)
+            if param_types[number - 1] == TEXT_OID and number not in cast
+            and not (number <= len(declared) and declared[number - 1])}
+
+
+_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Add, exp.Sub, exp.Mul, exp.Div)
+
+
+def _parameter_probe(ast: exp.Expr, untyped: set[int]) -> tuple[tuple[int, ...], str] | None:
+    """For each untyped parameter of the top-level SELECT that meets a parameter-free expression in a
+    comparison or arithmetic (`expr op $n`, `expr IN (.., $n, ..)`, `expr BETWEEN $n AND ..`): a query over
+    the same FROM whose output columns are those expressions."""
+    if not isinstance(ast, exp.Select) or (ast.args.get("from_") or ast.args.get("from")) is None:
+        return None
+    partners: dict[int, exp.Expr] = {}
+    for node in ast.find_all(exp.Placeholder, exp.Parameter):
+        number = _parameter_number(node)
+        if number not in untyped or number in partners or node.find_ancestor(exp.Select) is not ast:
+            continue
+        parent = node.parent
+        partner: exp.Expr | None = None
+        if isinstance(parent, _COMPARISONS):
+            partner = parent.left if parent.right is node else parent.right
+        elif isinstance(parent, (exp.In, exp.Between)) and parent.this is not node:
+            partner = parent.this
+        if partner is not None and not any(True for _ in partner.find_all(exp.Placeholder, exp.Parameter)):
+            partners[number] = partner
+    if not partners:
+        return None
+    probe = exp.Select(expressions=[partner.copy() for partner in partners.values()])
+    for part in ("with", "with_", "from", "from_", "joins"):  # sqlglot names some keys with a trailing _
+        if ast.args.get(part) is not None:
+            value = ast.args[part]
+            probe.set(part, [item.copy() for item in value] if isinstance(value, list) else value.copy())
+    return tuple(partners), probe.limit(0).sql(dialect="duckdb")
+
+
+def parameter_types_from_probe(plan: SelectPlan, declared: Sequence[int], probe_types: Sequence[str],
+                               oid_of_duckdb_type: Callable[[str], int]) -> tuple[int, ...]:
+    """Parameter types to plan again with: the client's declared ones (0 = unspecified), plus each probed
+    parameter's partner expression type (DuckDB type names of the probe's output columns, in order)."""
+    assert plan.param_probe is not None
+    types = [declared[i] if i < len(declared) else 0 for i in range(len(plan.param_types))]
+    for number, type_name in zip(plan.param_probe[0], probe_types, strict=True):
+        types[number - 1] = oid_of_duckdb_type(type_name)
+    return tuple(types)
 
 
 def _is_known_setting(name: str) -> bool:

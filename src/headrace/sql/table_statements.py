@@ -13,6 +13,7 @@ from sqlglot import exp
 from headrace.catalog.items import DEFAULT_DATABASE, DEFAULT_SCHEMA
 from headrace.catalog.tables import COLUMN_TYPES, HIDDEN_ROW_ID, HIDDEN_VERSION, TYPE_ALIASES, Table, TableColumn
 from headrace.errors import DuplicateObject, FeatureNotSupported, HeadraceError, SyntaxError_, UndefinedColumn
+from headrace.store.table_types import MAX_NUMERIC_PRECISION
 
 # sqlglot's parsed type -> PostgreSQL's canonical name
 _SQLGLOT_TYPES = {
@@ -20,7 +21,9 @@ _SQLGLOT_TYPES = {
     exp.DataType.Type.FLOAT: "float4", exp.DataType.Type.DOUBLE: "float8", exp.DataType.Type.TEXT: "text",
     exp.DataType.Type.VARCHAR: "varchar", exp.DataType.Type.CHAR: "bpchar", exp.DataType.Type.NCHAR: "bpchar",
     exp.DataType.Type.BOOLEAN: "bool", exp.DataType.Type.TIMESTAMPTZ: "timestamptz", exp.DataType.Type.JSON: "json",
-    exp.DataType.Type.JSONB: "jsonb", exp.DataType.Type.VARBINARY: "bytea",
+    exp.DataType.Type.JSONB: "jsonb", exp.DataType.Type.VARBINARY: "bytea", exp.DataType.Type.DECIMAL: "numeric",
+    exp.DataType.Type.DATE: "date", exp.DataType.Type.TIMESTAMP: "timestamp", exp.DataType.Type.UUID: "uuid",
+    exp.DataType.Type.INTERVAL: "interval",
 }
 INVALID_TABLE_DEFINITION = "42P16"
 
@@ -118,18 +121,48 @@ def _column(node: exp.ColumnDef) -> tuple[TableColumn, bool]:
         max_length = int(kind.expressions[0].name)
     elif pg_type == "bpchar":
         max_length = 1  # char without a length is char(1)
-    not_null, is_key = False, False
+    precision, scale = _numeric_shape(kind, name) if pg_type == "numeric" else (None, None)
+    not_null, is_key, default = False, False, None
     for constraint in node.args.get("constraints") or []:
         inner = constraint.args.get("kind") if isinstance(constraint, exp.ColumnConstraint) else constraint
         if isinstance(inner, exp.NotNullColumnConstraint):
             not_null = not inner.args.get("allow_null")
         elif isinstance(inner, exp.PrimaryKeyColumnConstraint):
             is_key = True
+        elif isinstance(inner, exp.DefaultColumnConstraint) and isinstance(inner.this, exp.Expr):
+            default = inner.this.sql(dialect="postgres")
         else:
             shown = inner.sql(dialect="postgres") if isinstance(inner, exp.Expr) else str(inner)
             raise FeatureNotSupported(f'column constraint {shown} of "{name}" is not supported',
-                                      hint="tables take NOT NULL and PRIMARY KEY (DEFAULT, UNIQUE, CHECK come later)")
-    return TableColumn(name=name, pg_type=pg_type, not_null=not_null or is_key, max_length=max_length), is_key
+                                      hint="tables take NOT NULL, DEFAULT and PRIMARY KEY (UNIQUE, CHECK come later)")
+    column = TableColumn(name=name, pg_type=pg_type, not_null=not_null or is_key, max_length=max_length,
+                         precision=precision, scale=scale, default=default)
+    if default is not None:
+        from headrace.coordinator.table_defaults import check_default
+
+        check_default(column)  # a default that is not a constant / now() / gen_random_uuid(), or does not fit
+    return column, is_key
+
+
+def _numeric_shape(kind: exp.DataType, column: str) -> tuple[int | None, int | None]:
+    """numeric(p,s) / numeric(p) / numeric: DuckDB's DECIMAL holds at most 38 digits, so a wider numeric is
+    refused rather than rounded."""
+    if not kind.expressions:
+        return None, None
+    try:
+        numbers = [int(part.name) for part in kind.expressions]
+    except ValueError:
+        raise SyntaxError_(f'bad numeric type modifier of column "{column}"') from None
+    precision, scale = numbers[0], numbers[1] if len(numbers) > 1 else 0
+    if not 1 <= precision <= 1000:
+        raise HeadraceError(f"NUMERIC precision {precision} must be between 1 and 1000", sqlstate="22023")
+    if not 0 <= scale <= precision:
+        raise FeatureNotSupported(f'numeric({precision},{scale}) of column "{column}": a scale outside 0..precision '
+                                  "is not supported")
+    if precision > MAX_NUMERIC_PRECISION:
+        raise FeatureNotSupported(f'numeric({precision},{scale}) of column "{column}" is wider than the serving store '
+                                  f"holds exactly", hint=f"use numeric(p,s) with p <= {MAX_NUMERIC_PRECISION}")
+    return precision, scale
 
 
 def _pg_type(kind: exp.DataType, column: str) -> str:
@@ -179,8 +212,8 @@ def insert_columns(ast: exp.Insert, table: Table) -> list[str]:
 
 
 def refuse_unsupported(ast: exp.Expr) -> None:
-    if isinstance(ast, exp.Insert) and (ast.args.get("conflict") or ast.args.get("overwrite")):
-        raise FeatureNotSupported("INSERT ... ON CONFLICT is not supported yet")
+    if isinstance(ast, exp.Insert) and ast.args.get("overwrite"):
+        raise FeatureNotSupported("INSERT OVERWRITE is not supported")
     if isinstance(ast, (exp.Update, exp.Delete)) and (ast.args.get("from_") or ast.args.get("from")
                                                        or ast.args.get("using")):
         raise FeatureNotSupported(f"{ast.key.upper()} ... FROM / USING is not supported yet; use a subquery in WHERE")

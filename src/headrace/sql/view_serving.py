@@ -25,7 +25,8 @@ VIEW_SCHEMAS_DDL = (f"CREATE TABLE IF NOT EXISTS {VIEW_SCHEMAS_TABLE} (id VARCHA
 # PostgreSQL type -> the serving store's column type (the driver's supported set).
 _STORED = {"int2": "INTEGER", "int4": "INTEGER", "int8": "BIGINT", "float4": "DOUBLE", "float8": "DOUBLE",
            "numeric": "DOUBLE", "text": "VARCHAR", "varchar": "VARCHAR", "bool": "BOOLEAN", "jsonb": "JSON",
-           "json": "JSON", "timestamptz": "TIMESTAMPTZ"}
+           "json": "JSON", "timestamptz": "TIMESTAMPTZ",
+           "date": "DATE", "timestamp": "TIMESTAMP", "uuid": "UUID", "interval": "INTERVAL"}  # tables' types
 # PostgreSQL type -> DuckDB type of the public column where it differs from the stored one.
 _PUBLIC = {"int2": "SMALLINT", "float4": "FLOAT"}
 _ELEMENT = {"int2": "SMALLINT", "int4": "INTEGER", "int8": "BIGINT", "float4": "FLOAT", "float8": "DOUBLE",

@@ -13,7 +13,7 @@ import duckdb
 from headrace.coordinator.responses import Column
 from headrace.errors import DataError, HeadraceError, UndefinedColumn, UndefinedObject
 from headrace.pgwire import types as pg
-from headrace.sql.select import SelectPlan
+from headrace.sql.select import SelectPlan, parameter_types_from_probe
 from headrace.sql.types import oid_of_duckdb_type
 from headrace.store.jsonb import jsonb_text
 from headrace.store.serving import ServingStore
@@ -93,6 +93,18 @@ def describe_query(store: ServingStore, plan: SelectPlan) -> tuple[Column, ...]:
         except duckdb.Error as exc:
             raise translate_error(exc) from None
         return _columns(plan, relation.columns, [str(t) for t in relation.types])
+
+
+def probe_parameter_types(store: ServingStore, plan: SelectPlan, declared: Sequence[int]) -> tuple[int, ...] | None:
+    """The plan's parameter types with those compared to a typed expression inferred from it (its param_probe,
+    described without running); None if DuckDB cannot describe the probe (the text default stays)."""
+    assert plan.param_probe is not None
+    with store.cursor() as cursor:
+        try:
+            types = [str(t) for t in cursor.sql(plan.param_probe[1]).types]
+        except duckdb.Error:
+            return None
+    return parameter_types_from_probe(plan, declared, types, oid_of_duckdb_type)
 
 
 def run_query(cursor: duckdb.DuckDBPyConnection, plan: SelectPlan, params: Sequence[Any],

@@ -11,7 +11,7 @@ op is "i" (insert), "u" (update) or "d" (delete); key is the row's key values (p
 row id); new is the row after (None for a delete), old the row before (None for an insert). Both are
 documents: column -> value in the serving driver's JSON form (materialize/drivers/serving.py): integers,
 floats, text, booleans, TIMESTAMPTZ as integer microseconds since the epoch (UTC), JSON as its JSON value,
-BLOB as base64 text. The changes of one record are net per key (one change per key).
+BLOB as base64 text; numeric, date, timestamp, uuid and interval as store/table_types.py says (exact). The changes of one record are net per key (one change per key).
 
 Pure stdlib + orjson: decoded in the Spark driver of the pipeline."""
 
@@ -24,6 +24,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import orjson
+
+from headrace.store import table_types
 
 RECORD_VERSION = 1
 INSERT, UPDATE, DELETE = "i", "u", "d"
@@ -77,10 +79,11 @@ def change_between(key: tuple[Any, ...], old: Document | None, new: Document | N
 class ValueError_(Exception):
     """A value that does not fit its column: (sqlstate, message)."""
 
-    def __init__(self, sqlstate: str, message: str) -> None:
+    def __init__(self, sqlstate: str, message: str, detail: str | None = None) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
         self.message = message
+        self.detail = detail
 
 
 _INT_RANGES = {"int2": (-(1 << 15), (1 << 15) - 1, "smallint"), "int4": (-(1 << 31), (1 << 31) - 1, "integer"),
@@ -92,11 +95,17 @@ _TYPE_NAMES = {"int2": "smallint", "int4": "integer", "int8": "bigint", "float4"
                "varchar": "character varying"}
 
 
-def to_document(pg_type: str, value: Any, max_length: int | None = None) -> Any:
+def to_document(pg_type: str, value: Any, max_length: int | None = None, precision: int | None = None,
+                scale: int | None = None) -> Any:
     """A Python value (from DuckDB, a COPY row or a parameter) as the document form of a column of `pg_type`.
     Text converts as PostgreSQL's input function would; bad input raises ValueError_ (22P02, 22003, 22001)."""
     if value is None:
         return None
+    if pg_type in table_types.EXACT_TYPES:
+        try:
+            return table_types.to_document(pg_type, value, precision, scale)
+        except table_types.TypeValueError as error:
+            raise ValueError_(error.sqlstate, error.message, error.detail) from None
     if pg_type in _INT_RANGES:
         low, high, name = _INT_RANGES[pg_type]
         number = _integer(value, name)
@@ -155,7 +164,14 @@ def from_store(store_type: str, value: Any) -> Any:
         return base64.b64encode(bytes(value)).decode("ascii")
     if store_type == "JSON":
         return orjson.loads(value) if isinstance(value, (str, bytes)) else value
+    exact = _EXACT_BY_STORE_TYPE.get(store_type.split("(")[0].upper())
+    if exact is not None:
+        return table_types.from_store(exact, value)
     return value
+
+
+_EXACT_BY_STORE_TYPE = {"DECIMAL": "numeric", "DATE": "date", "TIMESTAMP": "timestamp", "UUID": "uuid",
+                        "INTERVAL": "interval"}
 
 
 def _integer(value: Any, name: str) -> int:

@@ -18,12 +18,17 @@ import pyarrow as pa
 from headrace.catalog.tables import Table
 from headrace.materialize.protocol import Binding
 from headrace.store.serving import CHECKPOINTS_TABLE, INTERNAL_SCHEMA, ServingStore, qualified_name, quote_ident
+from headrace.store import table_types
 from headrace.store.table_log import Document, from_store
 
 Key = tuple[Any, ...]
 _ARROW_TYPES = {"INTEGER": pa.int32(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(), "VARCHAR": pa.string(),
                 "BOOLEAN": pa.bool_(), "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"), "JSON": pa.string(),
                 "BLOB": pa.binary()}
+
+
+def _arrow_type(store_type: str) -> pa.DataType:
+    return _ARROW_TYPES.get(store_type) or table_types.arrow_type(store_type)
 
 
 def table_binding(table: Table) -> Binding:
@@ -90,9 +95,10 @@ def rows_for_keys(store: ServingStore, table: Table, keys: Sequence[Key]) -> dic
     with store.cursor() as cursor:
         if len(keys) == 1:
             condition = " AND ".join(f"{quote_ident(c)} = ?" for c in key_columns)
-            result = cursor.execute(f"SELECT * FROM {store_table} WHERE {condition}", list(keys[0]))
+            values = [_parameter_value(table, c, value) for c, value in zip(key_columns, keys[0])]
+            result = cursor.execute(f"SELECT * FROM {store_table} WHERE {condition}", values)
         else:
-            arrays = {f"k{i}": pa.array([_arrow_value(types[c], key[i]) for key in keys], _ARROW_TYPES[types[c]])
+            arrays = {f"k{i}": pa.array([_arrow_value(types[c], key[i]) for key in keys], _arrow_type(types[c]))
                       for i, c in enumerate(key_columns)}
             cursor.register("hr_keys", pa.table(arrays))
             join = " AND ".join(f"s.{quote_ident(c)} = k.k{i}" for i, c in enumerate(key_columns))
@@ -115,7 +121,7 @@ def select_current(store: ServingStore, table: Table, overlay: Mapping[Key, Docu
         contents = f"SELECT {column_list} FROM {store_table} s"
         if overlay:
             key_columns = table.store_key
-            touched = {f"k{i}": pa.array([_arrow_value(types[c], key[i]) for key in overlay], _ARROW_TYPES[types[c]])
+            touched = {f"k{i}": pa.array([_arrow_value(types[c], key[i]) for key in overlay], _arrow_type(types[c]))
                        for i, c in enumerate(key_columns)}
             cursor.register("hr_touched", pa.table(touched))
             join = " AND ".join(f"s.{quote_ident(c)} = k.k{i}" for i, c in enumerate(key_columns))
@@ -123,7 +129,7 @@ def select_current(store: ServingStore, table: Table, overlay: Mapping[Key, Docu
             live = [row for row in overlay.values() if row is not None]
             if live:
                 cursor.register("hr_live", pa.table({
-                    c: pa.array([_arrow_value(types[c], row.get(c)) for row in live], _ARROW_TYPES[types[c]])
+                    c: pa.array([_arrow_value(types[c], row.get(c)) for row in live], _arrow_type(types[c]))
                     for c in names}))
                 casts = ", ".join(f"CAST({quote_ident(c)} AS {types[c]}) AS {quote_ident(c)}" for c in names)
                 contents += f" UNION ALL SELECT {casts} FROM hr_live"
@@ -133,6 +139,27 @@ def select_current(store: ServingStore, table: Table, overlay: Mapping[Key, Docu
     count = len(names)
     documents = _documents(table, names, [row[:count] for row in rows])
     return [(document, row[count:count + extra_columns]) for document, row in zip(documents, rows)]
+
+
+def select_over_pairs(store: ServingStore, table: Table, pairs: Sequence[tuple[Document, Document]],
+                      select_sql: str, params: Sequence[Any], excluded_prefix: str,
+                      index_column: str) -> list[tuple[Any, ...]]:
+    """Run `select_sql` over a relation of the table's name holding, per pair, the existing row's columns, the
+    proposed row's as <excluded_prefix><column>, and the pair's index as `index_column` (ON CONFLICT DO UPDATE:
+    coordinator/table_upserts.py). Returns the result rows."""
+    types = table.store_columns()
+    arrays: dict[str, pa.Array] = {}
+    for prefix, position in (("", 0), (excluded_prefix, 1)):
+        for c, store_type in types.items():
+            arrays[f"{prefix}{c}"] = pa.array([_arrow_value(store_type, pair[position].get(c)) for pair in pairs],
+                                              _arrow_type(store_type))
+    arrays[index_column] = pa.array(range(len(pairs)), pa.int64())
+    casts = ", ".join(f"CAST({quote_ident(name)} AS {types.get(name.removeprefix(excluded_prefix), 'BIGINT')}) "
+                      f"AS {quote_ident(name)}" for name in arrays)
+    with store.cursor() as cursor:
+        cursor.register("hr_upsert", pa.table(arrays))
+        sql = f"WITH {quote_ident(table.name)} AS (SELECT {casts} FROM hr_upsert) {select_sql}"
+        return cursor.execute(sql, list(params) or None).fetchall()
 
 
 def _arrow_value(store_type: str, value: Any) -> Any:
@@ -145,7 +172,15 @@ def _arrow_value(store_type: str, value: Any) -> Any:
         import base64
 
         return base64.b64decode(value)
-    return value
+    return table_types.to_arrow(store_type, value)
+
+
+def _parameter_value(table: Table, name: str, value: Any) -> Any:
+    """A key's document value as a DuckDB query parameter (days, microseconds -> date, datetime, ...)."""
+    column = table.column(name)
+    if value is None or column is None or column.pg_type not in table_types.EXACT_TYPES:
+        return value
+    return table_types.to_python(column.pg_type, value)
 
 
 def row_values(table: Table, document: Document, names: Sequence[str]) -> tuple[Any, ...]:
@@ -163,5 +198,9 @@ def row_values(table: Table, document: Document, names: Sequence[str]) -> tuple[
             value = base64.b64decode(value)
         elif value is not None and store_type == "JSON":
             value = json.dumps(value, separators=(", ", ": "))
+        elif value is not None and table_types.is_exact_store_type(store_type):
+            column = table.column(name)
+            assert column is not None
+            value = table_types.to_python(column.pg_type, value)
         values.append(value)
     return tuple(values)

@@ -1,0 +1,247 @@
+"""The column types of tables beyond the serving store's first set: numeric(p,s), date, timestamp, uuid and
+interval, each held exactly by a native DuckDB type, with their "document form" (the JSON-able value the table
+log, the overlay and the serving driver carry; store/table_log.py) and the conversions in and out of it.
+
+| PostgreSQL      | DuckDB (serving store) | document form                                   | Arrow              |
+|-----------------|------------------------|-------------------------------------------------|--------------------|
+| numeric(p,s)    | DECIMAL(p,s), p <= 38  | decimal text at scale s ("12.50"): exact        | decimal128(p,s)    |
+| numeric         | DECIMAL(38,10)         | as numeric(38,10), but refusing, not rounding, more than 10 fractional digits |
+| date            | DATE                   | integer days since 1970-01-01                   | date32             |
+| timestamp       | TIMESTAMP              | integer microseconds since 1970-01-01 00:00     | timestamp("us")    |
+| uuid            | UUID                   | canonical lowercase text                        | string (cast)      |
+| interval        | INTERVAL               | integer microseconds (1 month = 30 days, as     | duration("us")     |
+|                 |                        | headrace.pgwire.types reads intervals)          |                    |
+
+Values that cannot be held exactly are refused with 22003 (numeric overflow, NaN / Infinity, a bare numeric
+with more than 10 fractional digits), never rounded silently; numeric(p,s) rounds to its scale s as PostgreSQL
+does (half away from zero). Pure: no DuckDB, no I/O."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import uuid
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
+from typing import Any
+
+MAX_NUMERIC_PRECISION = 38  # DuckDB's DECIMAL holds at most 38 digits exactly
+DEFAULT_NUMERIC = (38, 10)  # unconstrained numeric: DECIMAL(38,10)
+EXACT_TYPES = frozenset({"numeric", "date", "timestamp", "uuid", "interval"})
+_EPOCH_DATE = datetime.date(1970, 1, 1)
+_EPOCH = datetime.datetime(1970, 1, 1)
+_WIDE = Context(prec=MAX_NUMERIC_PRECISION + 2)  # the default context's 28 digits would round a DECIMAL(38,s)
+_DECIMAL_TYPE = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)")
+
+
+class TypeValueError(Exception):
+    """A value that does not fit its column: (sqlstate, message, detail)."""
+
+    def __init__(self, sqlstate: str, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+        self.message = message
+        self.detail = detail
+
+
+def duckdb_type(pg_type: str, precision: int | None = None, scale: int | None = None) -> str:
+    if pg_type == "numeric":
+        p, s = numeric_shape(precision, scale)
+        return f"DECIMAL({p},{s})"
+    return {"date": "DATE", "timestamp": "TIMESTAMP", "uuid": "UUID", "interval": "INTERVAL"}[pg_type]
+
+
+def numeric_shape(precision: int | None, scale: int | None) -> tuple[int, int]:
+    if precision is None:
+        return DEFAULT_NUMERIC
+    return precision, scale or 0
+
+
+def decimal_shape(store_type: str) -> tuple[int, int] | None:
+    """(precision, scale) of a DuckDB DECIMAL(p,s) type name, None for other types."""
+    match = _DECIMAL_TYPE.fullmatch(store_type.upper().replace(" ", ""))
+    return (int(match[1]), int(match[2])) if match else None
+
+
+# ---------------------------------------------------------------------------------------------- input
+
+def to_document(pg_type: str, value: Any, precision: int | None = None, scale: int | None = None) -> Any:
+    """A Python value (a parameter, a COPY field as text, a DuckDB result) as the document form (not None)."""
+    if pg_type == "numeric":
+        return numeric_document(value, precision, scale)
+    if pg_type == "date":
+        return _date_days(value)
+    if pg_type == "timestamp":
+        return _timestamp_micros(value)
+    if pg_type == "uuid":
+        return _uuid_text(value)
+    if pg_type == "interval":
+        return _interval_micros(value)
+    raise TypeValueError("0A000", f"type {pg_type} is not supported in tables")
+
+
+def numeric_document(value: Any, precision: int | None, scale: int | None) -> str:
+    p, s = numeric_shape(precision, scale)
+    number = _decimal(value)
+    if not number.is_finite():
+        raise TypeValueError("22003", f"numeric value {number} cannot be stored in a table column",
+                             "the serving store holds finite numbers only (DuckDB DECIMAL)")
+    quantum = Decimal(1).scaleb(-s)
+    rounded = None
+    if number.is_zero() or number.adjusted() < p - s:  # else too large: no need to round (or to try, for 1e999999)
+        rounded = number.quantize(quantum, rounding=ROUND_HALF_UP, context=_WIDE)
+        if precision is None and rounded != number:
+            raise TypeValueError("22003", f"numeric value {format(number, 'f')} has more than {s} fractional digits",
+                                 f"an unconstrained numeric column holds numeric({p},{s}) exactly; "
+                                 "declare numeric(p,s) to round to a scale")
+    if rounded is None or not rounded.is_zero() and rounded.adjusted() >= p - s:
+        raise TypeValueError("22003", "numeric field overflow",
+                             f"A field with precision {p}, scale {s} must round to an absolute value less than "
+                             f"{'1' if p == s else '10^' + str(p - s)}.")
+    return format(rounded, "f")
+
+
+def _decimal(value: Any) -> Decimal:
+    if isinstance(value, bool):
+        raise _bad("numeric", value)
+    if isinstance(value, Decimal):
+        return value
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        return Decimal(repr(value))  # the float's shortest text, as PostgreSQL's float8 -> numeric cast
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            number = Decimal(text)
+        except InvalidOperation:
+            raise _bad("numeric", value) from None
+        if not text or "_" in text:
+            raise _bad("numeric", value)
+        return number
+    raise _wrong_type("numeric", value)
+
+
+def _date_days(value: Any) -> int:
+    if isinstance(value, str):
+        value = _parse("date", value)
+    if isinstance(value, datetime.datetime):
+        value = value.date()
+    if isinstance(value, datetime.date):
+        return (value - _EPOCH_DATE).days
+    raise _wrong_type("date", value)
+
+
+def _timestamp_micros(value: Any) -> int:
+    if isinstance(value, str):
+        value = _parse("timestamp", value)
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is not None:  # timestamptz -> timestamp: the UTC wall clock (headrace sessions run UTC)
+            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        delta = value - _EPOCH
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    if isinstance(value, datetime.date):
+        return (value - _EPOCH_DATE).days * 86_400_000_000
+    raise _wrong_type("timestamp", value)
+
+
+def _uuid_text(value: Any) -> str:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) == 16:
+        return str(uuid.UUID(bytes=bytes(value)))
+    if isinstance(value, str):
+        text = value.strip()
+        try:  # PostgreSQL takes hyphens anywhere in groups of 4 and optional braces; Python's parser is close
+            return str(uuid.UUID(text))
+        except ValueError:
+            raise _bad("uuid", value) from None
+    raise _wrong_type("uuid", value)
+
+
+def _interval_micros(value: Any) -> int:
+    if isinstance(value, str):
+        value = _parse("interval", value)
+    if isinstance(value, datetime.timedelta):
+        return (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+    raise _wrong_type("interval", value)
+
+
+def _parse(pg_type: str, text: str) -> Any:
+    """Text through PostgreSQL's input function, as pgwire decodes a text parameter of that type."""
+    from headrace.errors import HeadraceError
+    from headrace.pgwire import types as pg
+
+    oid = {"date": pg.DATE, "timestamp": pg.TIMESTAMP, "interval": pg.INTERVAL}[pg_type]
+    try:
+        return pg.decode_parameter(oid, pg.TEXT_FORMAT, text.encode())
+    except HeadraceError as error:
+        raise TypeValueError(error.sqlstate, error.message) from None
+
+
+def _bad(pg_type: str, value: Any) -> TypeValueError:
+    return TypeValueError("22P02", f'invalid input syntax for type {pg_type}: "{value}"')
+
+
+def _wrong_type(pg_type: str, value: Any) -> TypeValueError:
+    return TypeValueError("42804", f"column is of type {pg_type} but expression is of type {type(value).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+def from_store(pg_type: str, value: Any) -> Any:
+    """A value DuckDB returned for the column (Decimal, date, datetime, UUID, timedelta) as its document form."""
+    if value is None:
+        return None
+    if pg_type == "numeric":
+        return format(value, "f") if isinstance(value, Decimal) else str(value)
+    return to_document(pg_type, value)
+
+
+def to_python(pg_type: str, value: Any) -> Any:
+    """The document form as the Python value pgwire encodes for the type (RETURNING, views)."""
+    if value is None:
+        return None
+    if pg_type == "numeric":
+        return Decimal(value)
+    if pg_type == "date":
+        return _EPOCH_DATE + datetime.timedelta(days=value)
+    if pg_type == "timestamp":
+        return _EPOCH + datetime.timedelta(microseconds=value)
+    if pg_type == "uuid":
+        return uuid.UUID(value)
+    if pg_type == "interval":
+        return datetime.timedelta(microseconds=value)
+    raise ValueError(pg_type)
+
+
+def to_arrow(store_type: str, value: Any) -> Any:
+    """The document form as the Arrow array of `arrow_type(store_type)` takes it."""
+    if value is None:
+        return None
+    if decimal_shape(store_type) is not None:
+        return Decimal(value)
+    return value  # days, microseconds and uuid text go in as they are
+
+
+def arrow_type(store_type: str) -> Any:
+    import pyarrow as pa
+
+    shape = decimal_shape(store_type)
+    if shape is not None:
+        return pa.decimal128(*shape)
+    return {"DATE": pa.date32(), "TIMESTAMP": pa.timestamp("us"), "UUID": pa.string(),
+            "INTERVAL": pa.duration("us")}[store_type.upper()]
+
+
+def is_exact_store_type(store_type: str) -> bool:
+    return decimal_shape(store_type) is not None or store_type.upper() in ("DATE", "TIMESTAMP", "UUID", "INTERVAL")
+
+
+def document_select_sql(store_type: str, quoted: str) -> str:
+    """A DuckDB expression reading a column of `store_type` back as its document form."""
+    if decimal_shape(store_type) is not None or store_type.upper() == "UUID":
+        return f"CAST({quoted} AS VARCHAR)"
+    if store_type.upper() == "DATE":
+        return f"CAST({quoted} - DATE '1970-01-01' AS BIGINT)"
+    return f"epoch_us({quoted})"  # TIMESTAMP, INTERVAL
+

@@ -22,18 +22,12 @@ import random
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from headrace.catalog.catalog import Catalog  # noqa: E402
 from headrace.coordinator.client import AdapterClient  # noqa: E402
-from headrace.coordinator.coordinator import Coordinator  # noqa: E402
-from headrace.coordinator.sources import DataLayout, SourceResources  # noqa: E402
 from headrace.pgwire.connection import PgConnection  # noqa: E402
-from headrace.sql.ddl import item_from_create_sql  # noqa: E402
-from headrace.store.serving import ServingStore  # noqa: E402
-from headrace.webhook.ingest import IngestRegistry  # noqa: E402
+from tests.coordinator.conftest import fill_table_in_store, in_process_adapter  # noqa: E402
 from tests.pgwire import wire_client as wire  # noqa: E402
 
 ROWS = 10_000
@@ -47,29 +41,17 @@ async def drain(connection: PgConnection) -> bytes:
     return connection.take_output()
 
 
-async def setup(workdir: Path) -> tuple[PgConnection, ServingStore, ThreadPoolExecutor]:
-    layout = DataLayout(workdir)
-    executor = ThreadPoolExecutor(max_workers=2)
-    store = ServingStore(layout.store_file)
-    catalog = Catalog(workdir, item_from_create_sql)
-    coordinator = Coordinator(catalog, SourceResources(layout, store, IngestRegistry(), executor), executor,
-                              lambda _sources: None)
-    connection = PgConnection(AdapterClient(coordinator), peer_address="127.0.0.1")
+async def setup(adapter: AdapterClient) -> PgConnection:
+    connection = PgConnection(adapter, peer_address="127.0.0.1")
     connection.receive_data(wire.startup({"user": "headrace", "database": "headrace"}))
     await drain(connection)
     connection.receive_data(wire.query("CREATE TABLE kv (k int PRIMARY KEY, v text NOT NULL)"))
     await drain(connection)
-    # The rows as the serving driver stores a table's (no pipeline here): straight into its store table.
-    with store.cursor() as cursor:
-        name = cursor.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = "
-                              "'headrace_internal' AND table_name LIKE 'table_%'").fetchone()[0]
-        cursor.execute(f'INSERT INTO headrace_internal."{name}" (k, v, hr_version) '
-                       f"SELECT i, 'value-' || i, 1 FROM range(1, {ROWS + 1}) t(i)")
-    store.note_committed()
+    fill_table_in_store(adapter, f"SELECT i, 'value-' || i FROM range(1, {ROWS + 1}) t(i)")
     connection.receive_data(wire.query("CREATE INDEX kv_k ON kv (k)"))
     output = await drain(connection)
     assert b"CREATE INDEX" in output, output
-    return connection, store, executor
+    return connection
 
 
 def mode_bytes(mode: str, keys: list[int]) -> list[bytes]:
@@ -100,24 +82,20 @@ async def measure(connection: PgConnection, mode: str, queries: int, rounds: int
 
 
 async def main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as temporary:
-        connection, store, executor = await setup(Path(temporary))
+    with tempfile.TemporaryDirectory() as temporary, in_process_adapter(Path(temporary)) as adapter:
+        connection = await setup(adapter)
         connection.receive_data(wire.parse("P0_1", PARAM_QUERY) + wire.sync())
         await drain(connection)
-        try:
-            for mode in ("simple", "extended", "prepared"):
-                profiler = cProfile.Profile() if args.profile else None
-                if profiler:
-                    profiler.enable()
-                seconds = await measure(connection, mode, args.queries, 1 if args.profile else args.rounds)
-                if profiler:
-                    profiler.disable()
-                    pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
-                print(f"  {mode:9} {seconds * 1e6:6.1f} us CPU per query (pgwire + coordinator, no sockets)",
-                      flush=True)
-        finally:
-            executor.shutdown(wait=True)
-            store.close()
+        for mode in ("simple", "extended", "prepared"):
+            profiler = cProfile.Profile() if args.profile else None
+            if profiler:
+                profiler.enable()
+            seconds = await measure(connection, mode, args.queries, 1 if args.profile else args.rounds)
+            if profiler:
+                profiler.disable()
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+            print(f"  {mode:9} {seconds * 1e6:6.1f} us CPU per query (pgwire + coordinator, no sockets)",
+                  flush=True)
 
 
 if __name__ == "__main__":

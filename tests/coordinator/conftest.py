@@ -4,6 +4,7 @@ tests drive it through the AdapterClient / SessionClient as pgwire and HTTP do."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,17 +21,37 @@ from headrace.store.serving import ServingStore
 from headrace.webhook.ingest import IngestRegistry
 
 
-@pytest.fixture
-def adapter(tmp_path: Path) -> Iterator[AdapterClient]:
-    layout = DataLayout(tmp_path)
+@contextlib.contextmanager
+def in_process_adapter(data_dir: Path) -> Iterator[AdapterClient]:
+    """A coordinator over a fresh data dir (its own DuckDB store and executor), closed on exit."""
+    layout = DataLayout(data_dir)
     executor = ThreadPoolExecutor(max_workers=2)
     store = ServingStore(layout.store_file)
-    catalog = Catalog(tmp_path, item_from_create_sql)
+    catalog = Catalog(data_dir, item_from_create_sql)
     resources = SourceResources(layout, store, IngestRegistry(), executor)
     coordinator = Coordinator(catalog, resources, executor, lambda _sources: None)
-    yield AdapterClient(coordinator)
-    executor.shutdown(wait=True)
-    store.close()
+    try:
+        yield AdapterClient(coordinator)
+    finally:
+        executor.shutdown(wait=True)
+        store.close()
+
+
+def fill_table_in_store(adapter: AdapterClient, values_sql: str) -> None:
+    """Rows for the only table, written straight into its store table as the serving driver writes a table's
+    rows (there is no pipeline in process): `values_sql` is a DuckDB query giving (k, v) rows."""
+    store = adapter._coordinator.resources.store  # type: ignore[attr-defined]
+    with store.cursor() as cursor:
+        name = cursor.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = "
+                              "'headrace_internal' AND table_name LIKE 'table_%'").fetchone()[0]
+        cursor.execute(f'INSERT INTO headrace_internal."{name}" (k, v, hr_version) SELECT *, 1 FROM ({values_sql})')
+    store.note_committed()
+
+
+@pytest.fixture
+def adapter(tmp_path: Path) -> Iterator[AdapterClient]:
+    with in_process_adapter(tmp_path) as client:
+        yield client
 
 
 async def new_client(adapter: AdapterClient, **params: str) -> SessionClient:

@@ -10,24 +10,19 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headrace.catalog.catalog import Catalog
 from headrace.coordinator.client import AdapterClient
-from headrace.coordinator.coordinator import Coordinator
-from headrace.coordinator.sources import DataLayout, SourceResources
 from headrace.pgwire import messages as m
 from headrace.pgwire.connection import PgConnection
 from headrace.pgwire.direct_lane import answer_bound_group
 from headrace.pgwire.messages.frontend import peek_bound_group
-from headrace.sql.ddl import item_from_create_sql
-from headrace.store.serving import ServingStore
-from headrace.webhook.ingest import IngestRegistry
+
+from tests.coordinator.conftest import fill_table_in_store, in_process_adapter
 
 from . import wire_client as wc
 
@@ -37,15 +32,8 @@ QUERY = "SELECT k, v FROM kv WHERE k = $1"
 
 @pytest.fixture
 def adapter(tmp_path: Path) -> Iterator[AdapterClient]:
-    layout = DataLayout(tmp_path)
-    executor = ThreadPoolExecutor(max_workers=2)
-    store = ServingStore(layout.store_file)
-    catalog = Catalog(tmp_path, item_from_create_sql)
-    coordinator = Coordinator(catalog, SourceResources(layout, store, IngestRegistry(), executor), executor,
-                              lambda _sources: None)
-    yield AdapterClient(coordinator)
-    executor.shutdown(wait=True)
-    store.close()
+    with in_process_adapter(tmp_path) as client:
+        yield client
 
 
 async def drain(connection: PgConnection) -> bytes:
@@ -67,14 +55,8 @@ async def with_table(adapter: AdapterClient) -> PgConnection:
     connection = await connect(adapter)
     connection.receive_data(wc.query("CREATE TABLE kv (k int PRIMARY KEY, v text)"))
     assert b"CREATE TABLE" in await drain(connection)
-    store = adapter._coordinator.resources.store  # type: ignore[attr-defined]
-    with store.cursor() as cursor:
-        name = cursor.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = "
-                              "'headrace_internal' AND table_name LIKE 'table_%'").fetchone()[0]
-        cursor.execute(f'INSERT INTO headrace_internal."{name}" (k, v, hr_version) '
-                       f"SELECT i, CASE WHEN i % 7 = 0 THEN NULL ELSE 'value-' || i END, 1 "
-                       f"FROM range(1, {ROWS + 1}) t(i)")
-    store.note_committed()
+    fill_table_in_store(adapter, f"SELECT i, CASE WHEN i % 7 = 0 THEN NULL ELSE 'value-' || i END "
+                                 f"FROM range(1, {ROWS + 1}) t(i)")
     connection.receive_data(wc.query("CREATE INDEX kv_k ON kv (k)"))
     assert b"CREATE INDEX" in await drain(connection)
     return connection

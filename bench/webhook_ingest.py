@@ -8,15 +8,22 @@ Three receivers, each its own process on this machine, each driven by the same l
 - the ceiling: a no-op aiohttp POST handler (reads the body, answers 200);
 - the PostgreSQL peer: aiohttp + asyncpg doing INSERT ... ON CONFLICT DO NOTHING per request into a
   PostgreSQL 15 started here (throwaway cluster in a temp dir, as the postgres user, synchronous_commit on).
-All three servers run on the same event loop implementation (the default asyncio loop, which
-`headrace up` uses), so the ratios compare the request paths, not the loops.
+The peers are the issue's as calibrated: plain aiohttp on the default asyncio loop. headrace runs
+on uvloop (its default since session 4; HEADRACE_EVENT_LOOP=asyncio for the stdlib loop), so the
+no-op handler is also measured on uvloop, printed as a second line: the ratio to the issue's peer is
+the target, the ratio to the uvloop no-op says how much of the gap the loop alone closes.
 Throughput: wrk -t1 (Lua script: a fresh Idempotency-Key per request, ~100-byte JSON). Latency: an
 open-loop asyncio client at half of each receiver's measured maximum (wrk2 is not packaged), latency
 counted from each request's scheduled send time so a stall is not hidden (no coordinated omission).
-Also prints, for headrace, how long its pipeline (at nice 10) takes to catch up with the burst, then
-freshness (200 -> visible in SELECT) at 10 requests/s, and the CPU each receiver spent per
-request during its throughput run (from /proc: steadier than req/s on a machine shared with other
-work; for headrace the server process and, apart, its pipeline processes).
+headrace's latency is measured twice: right after the throughput burst, while its pipeline (at nice
+10) still works through the burst's rows, and again once it has caught up (the steady state at half
+the rate, the pipeline keeping up with it). Also prints, for headrace, how long the pipeline takes
+to catch up with the burst, then freshness (200 -> visible in SELECT) at 10 requests/s, and the CPU
+each receiver spent per request during its throughput run (from /proc: steadier than req/s on a
+machine shared with other work; for headrace the server process and, apart, its pipeline
+processes), the data disk's fdatasync latency during each throughput run (FsyncProbe: with 32
+clients a durable receiver's throughput is bounded by it, and other work on the machine can
+multiply it), and the load average before and after (how far to trust the figures).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -54,14 +62,14 @@ PEER_SOURCE = r'''
 import asyncio, sys
 from aiohttp import web
 mode, port = sys.argv[1], int(sys.argv[2])
-# The default asyncio loop, as headrace's server uses: both sides measured the same way.
+# The default asyncio loop, as the calibration measured the peers; "noop-uvloop" runs on uvloop.
 async def noop(request):
     await request.read()
     return web.Response(status=200)
 
 async def main():
     app = web.Application()
-    if mode == "noop":
+    if mode in ("noop", "noop-uvloop"):
         app.router.add_post("/{tail:.*}", noop)
     else:
         import asyncpg
@@ -78,7 +86,11 @@ async def main():
     print("ready", flush=True)
     await asyncio.Event().wait()
 
-asyncio.run(main())
+if mode == "noop-uvloop":
+    import uvloop
+    uvloop.run(main())
+else:
+    asyncio.run(main())
 '''
 
 
@@ -108,6 +120,19 @@ def session_pids(session: int) -> list[int]:
     return pids
 
 
+def idle_scheduling(pids: list[int]) -> int:
+    """Put every thread of these processes in SCHED_IDLE (threads they start later inherit it)."""
+    count = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
+                count += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+    return count
+
+
 class CpuMeter:
     """CPU spent by a set of processes since the meter was made."""
 
@@ -131,6 +156,56 @@ def run_wrk(url: str, seconds: int, connections: int, workdir: Path) -> tuple[fl
     return rate, "; ".join(non_2xx) or "all 2xx", total
 
 
+class FsyncProbe:
+    """fdatasync latency of the data disk while a receiver runs: a 4 KiB write + fdatasync every
+    20 ms on a file beside the data. Throughput of a durable receiver with 32 clients is bounded by
+    its fsync latency, which other work on the machine (another process's fsyncs, the pipeline's
+    checkpoints) can multiply: this says how the disk behaved during each run."""
+
+    def __init__(self, directory: Path) -> None:
+        self._path = directory / "fsync-probe"
+        self._latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._probe, daemon=True)
+
+    def __enter__(self) -> FsyncProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _probe(self) -> None:
+        fd = os.open(self._path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, bytes(1 << 20), 0)
+            os.fsync(fd)
+            block = os.urandom(4096)
+            position = 0
+            while not self._stop.wait(0.02):
+                started = time.perf_counter()
+                os.pwrite(fd, block, position)
+                os.fdatasync(fd)
+                self._latencies.append(time.perf_counter() - started)
+                position = (position + 4096) % (1 << 20)
+        finally:
+            os.close(fd)
+            self._path.unlink(missing_ok=True)
+
+    def summary(self) -> str:
+        latencies = sorted(self._latencies)
+        if not latencies:
+            return "disk: no fsync probe samples"
+        return (f"disk during the run: 4 KiB fdatasync p50 {percentile(latencies, 0.5) * 1000:.2f} ms, "
+                f"p99 {percentile(latencies, 0.99) * 1000:.2f} ms ({len(latencies)} probes)")
+
+
+def load_average() -> str:
+    """1, 5 and 15 minute load averages: on a shared machine, how far to trust the figures."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def cpu_note(meter: CpuMeter, requests: int) -> str:
     return f"{meter.seconds() * 1e6 / max(1, requests):.0f} us CPU/request"
 
@@ -149,8 +224,9 @@ async def fixed_rate(url: str, rate: float, seconds: float, connections: int = 6
     prefix = os.urandom(4).hex()
     latencies: list[float] = []
     failures = 0
-    loop = asyncio.get_running_loop()
-    start = loop.time() + 0.2
+    # perf_counter, not loop.time(): uvloop's clock has millisecond steps, cached per loop iteration.
+    clock = time.perf_counter
+    start = clock() + 0.2
 
     async def connection(first: int) -> None:
         nonlocal failures
@@ -158,7 +234,7 @@ async def fixed_rate(url: str, rate: float, seconds: float, connections: int = 6
         try:
             for index in range(first, total, connections):
                 due = start + index / rate
-                delay = due - loop.time()
+                delay = due - clock()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 key = f"{prefix}-{index}"
@@ -174,7 +250,7 @@ async def fixed_rate(url: str, rate: float, seconds: float, connections: int = 6
                     await reader.readexactly(length)
                 if head[9:12] != b"200":
                     failures += 1
-                latencies.append(loop.time() - due)
+                latencies.append(clock() - due)
         finally:
             writer.close()
 
@@ -265,8 +341,6 @@ def freshness(server: HeadraceProcess, samples: int) -> str:
                     sent[seq] = time.monotonic()
                 await asyncio.sleep(0.1)
 
-    import threading
-
     done = threading.Event()
 
     def poll() -> None:
@@ -296,9 +370,14 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=10)
     parser.add_argument("--freshness-samples", type=int, default=50)
     parser.add_argument("--warmup", type=float, default=15, help="seconds for Spark to start its queries")
+    parser.add_argument("--skip-peers", action="store_true", help="headrace only (a quicker before/after check)")
+    parser.add_argument("--pipeline-sched-idle", action="store_true",
+                        help="an experiment, not headrace's behaviour: run the pipeline's threads at SCHED_IDLE "
+                             "(instead of nice 10) to see how much of the latency tail its CPU use causes")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install wrk")
+    print(f"load average before: {load_average()}", flush=True)
     with tempfile.TemporaryDirectory() as temporary:
         workdir = Path(temporary)
         results: dict[str, float] = {}
@@ -311,37 +390,67 @@ def main() -> None:
                 conn.execute("CREATE SOURCE fresh FROM WEBHOOK BODY FORMAT JSON IDEMPOTENT (body->>'seq')")
             time.sleep(args.warmup)
             assert server.process is not None
+            if args.pipeline_sched_idle:
+                pipeline = [pid for pid in session_pids(server.process.pid) if pid != server.process.pid]
+                threads = idle_scheduling(pipeline)
+                print(f"(experiment: {threads} pipeline threads at SCHED_IDLE)", flush=True)
             server_cpu = CpuMeter([server.process.pid])
             pipeline_cpu = CpuMeter([pid for pid in session_pids(server.process.pid) if pid != server.process.pid])
-            rate, note, total = run_wrk(server.webhook_url("load"), args.seconds, args.connections, workdir)
+            with FsyncProbe(workdir) as disk:
+                rate, note, total = run_wrk(server.webhook_url("load"), args.seconds, args.connections, workdir)
             results["headrace"] = rate
             print(f"headrace       {rate:9,.0f} req/s durable ({note}; server {cpu_note(server_cpu, total)}, "
                   f"pipeline {cpu_note(pipeline_cpu, total)})", flush=True)
-            print(f"  latency {latency_run(server.webhook_url('load'), rate / 2, args.latency_seconds)}", flush=True)
+            print(f"  {disk.summary()}", flush=True)
+            # Twice: right after the burst, while the niced pipeline still works through the
+            # burst's rows on the same two cores (as in session 3), and once it has caught up:
+            # the steady state at half the rate, pipeline running, which the issue's target means.
+            print(f"  latency right after the burst "
+                  f"{latency_run(server.webhook_url('load'), rate / 2, args.latency_seconds)}", flush=True)
             print(f"  pipeline caught up with the burst {catch_up_seconds(server):.1f} s after it", flush=True)
+            print(f"  latency, pipeline caught up "
+                  f"{latency_run(server.webhook_url('load'), rate / 2, args.latency_seconds)}", flush=True)
+            catch_up_seconds(server)
             print(f"  freshness (200 -> visible in SELECT, 10 req/s): {freshness(server, args.freshness_samples)}",
                   flush=True)
         finally:
             server.stop()
 
+        if args.skip_peers:
+            print(f"load average after: {load_average()}", flush=True)
+            return
         noop = Peer("noop")
         try:
             noop_cpu = CpuMeter([noop.process.pid])
-            rate, note, total = run_wrk(noop.url, args.seconds, args.connections, workdir)
+            with FsyncProbe(workdir) as disk:
+                rate, note, total = run_wrk(noop.url, args.seconds, args.connections, workdir)
             results["noop"] = rate
             print(f"no-op aiohttp  {rate:9,.0f} req/s ({note}; {cpu_note(noop_cpu, total)})", flush=True)
+            print(f"  {disk.summary()}", flush=True)
             print(f"  latency {latency_run(noop.url, rate / 2, args.latency_seconds)}", flush=True)
         finally:
             noop.stop()
+
+        noop_uvloop = Peer("noop-uvloop")
+        try:
+            noop_cpu = CpuMeter([noop_uvloop.process.pid])
+            rate, note, total = run_wrk(noop_uvloop.url, args.seconds, args.connections, workdir)
+            results["noop-uvloop"] = rate
+            print(f"no-op aiohttp on uvloop {rate:,.0f} req/s ({note}; {cpu_note(noop_cpu, total)})", flush=True)
+            print(f"  latency {latency_run(noop_uvloop.url, rate / 2, args.latency_seconds)}", flush=True)
+        finally:
+            noop_uvloop.stop()
 
         postgres = Postgres(workdir / "pgroot")
         try:
             peer = Peer("pg", postgres.dsn)
             try:
-                rate, note, _total = run_wrk(peer.url, args.seconds, args.connections, workdir)
+                with FsyncProbe(workdir) as disk:
+                    rate, note, _total = run_wrk(peer.url, args.seconds, args.connections, workdir)
                 results["postgres"] = rate
                 print(f"aiohttp+asyncpg {rate:8,.0f} req/s durable, INSERT ... ON CONFLICT DO NOTHING ({note})",
                       flush=True)
+                print(f"  {disk.summary()}", flush=True)
                 print(f"  latency {latency_run(peer.url, rate / 2, args.latency_seconds)}", flush=True)
             finally:
                 peer.stop()
@@ -349,6 +458,9 @@ def main() -> None:
             postgres.stop()
         print(f"headrace / no-op ceiling: {results['headrace'] / results['noop']:.2f} (target >= 0.60); "
               f"headrace / PostgreSQL receiver: {results['headrace'] / results['postgres']:.2f} (target >= 3)")
+        print(f"headrace / no-op on uvloop (not the issue's peer: the loop's share of the gap): "
+              f"{results['headrace'] / results['noop-uvloop']:.2f}")
+    print(f"load average after: {load_average()}", flush=True)
 
 
 if __name__ == "__main__":

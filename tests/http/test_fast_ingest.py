@@ -5,13 +5,17 @@ run_http, where aiohttp takes over the connection."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from headrace.http.app import make_app, run_http
-from headrace.http.fast_ingest import FastIngestProtocol
+from headrace.http.fast_ingest import GIL_SWITCH_INTERVAL_S, FastIngestProtocol, tune_interpreter_for_latency
 from headrace.http.framing import ResponseWriter
 from headrace.http.webhook_endpoint import ServerState, WebhookEndpoint
 from headrace.webhook.ingest import IngestRegistry, IngestSettings
@@ -213,3 +217,9 @@ def test_real_sockets_pipelined_bodies_larger_than_the_shared_read_buffer(tmp_pa
         assert [body for body in logged_bodies if body in bodies[:3]] == bodies[:3]
 
     run(scenario)
+
+
+def test_the_front_tunes_the_interpreter_for_short_gil_waits_and_cheap_full_collections() -> None:
+    tune_interpreter_for_latency()  # what start_front does, once per process
+    assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_S)
+    assert gc.get_freeze_count() > 1000  # the start-up heap no longer walked by full collections

@@ -15,6 +15,7 @@ from headrace.http.framing import (
     parse_head,
 )
 from headrace.http.webhook_endpoint import Reply
+from headrace.webhook.handler import _header_map
 
 HEAD = b"POST /api/webhook/headrace/public/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"
 
@@ -25,6 +26,7 @@ def test_a_plain_webhook_post_is_kept() -> None:
     assert (head.method, head.segments, head.content_length, head.chunked, head.keep_alive) == (
         "POST", ("headrace", "public", "orders"), 2, False, True)
     assert head.headers == [("Host", "x"), ("Content-Length", "2")]
+    assert head.header_map == {"host": "x", "content-length": "2"}
 
 
 def test_path_segments_are_percent_decoded_and_the_query_ignored() -> None:
@@ -139,3 +141,9 @@ def test_headers_are_split_as_llhttp_reports_them(fields: list[tuple[str, str, s
     expected = [(name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
                 for name, value in reference.headers]
     assert head.headers == expected
+    # The map handed to the handler is the one it would build itself from the pairs.
+    repeated = len({name.lower() for name, _ in expected}) < len(expected)
+    if raw.isascii() and not repeated:
+        assert head.header_map == _header_map(head.headers)
+    else:
+        assert head.header_map is None

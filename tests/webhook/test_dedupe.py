@@ -84,6 +84,22 @@ def run(coroutine: object) -> object:
     return asyncio.run(coroutine)  # type: ignore[arg-type]
 
 
+def test_ingest_indexes_keys_and_bodies_as_the_log_replay_does(tmp_path: Path) -> None:
+    # The ingest path hashes inline; catch_up (start-up) uses key_hash/body_hash: they must agree,
+    # or a retry after a restart would be taken for a new key.
+    body = '{"id": "\u00e9t\u00e9"}'.encode()
+
+    async def scenario() -> None:
+        ingestor = SourceIngestor(keyed_source(), tmp_path)
+        assert await ingestor.ingest([], body, 100) == 0
+        await ingestor.close()
+
+    run(scenario())
+    index = DedupeIndex(tmp_path / INDEX_FILE)
+    assert index.lookup([key_hash("\u00e9t\u00e9")]) == {key_hash("\u00e9t\u00e9"): KeyEntry(100, body_hash(body), 0)}
+    index.close()
+
+
 def test_duplicate_with_identical_body_replaces_the_row_and_restarts_its_window(tmp_path: Path) -> None:
     async def scenario() -> None:
         ingestor = SourceIngestor(keyed_source(), tmp_path)
@@ -274,6 +290,21 @@ def test_write_behind_later_entries_win_across_flushes(tmp_path: Path) -> None:
     reopened = DedupeIndex(tmp_path / INDEX_FILE)
     assert reopened.lookup([key]) == {key: second}
     assert reopened.covered_offset == 80
+    reopened.close()
+
+
+def test_one_flush_of_many_statements_keeps_the_latest_entry_of_a_repeated_key(tmp_path: Path) -> None:
+    index = DedupeIndex(tmp_path / INDEX_FILE, write_behind=True)
+    many = [entry(n) for n in range(1, 1001)]  # several multi-row statements in one transaction
+    key = key_hash("same")
+    first, second = KeyEntry(1, b"a" * 8, 0), KeyEntry(2, b"b" * 8, 40)
+    index.record([*many[:500], (key, first)], covered_offset=100)
+    index.record([(key, second), *many[500:]], covered_offset=200)  # one flush takes both batches
+    index.close()
+    reopened = DedupeIndex(tmp_path / INDEX_FILE)
+    assert reopened.lookup([key]) == {key: second}
+    assert reopened.lookup([hashed for hashed, _ in many]) == dict(many)
+    assert (reopened.count(), reopened.covered_offset) == (1001, 200)
     reopened.close()
 
 

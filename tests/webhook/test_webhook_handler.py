@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from headrace.catalog.items import WebhookSource
 from headrace.errors import UndefinedColumn
 from headrace.sql.ddl import item_from_create_sql
-from headrace.webhook.handler import CHECK_FAILED, WebhookHandler, WebhookRejected
+from headrace.webhook.handler import CHECK_FAILED, WebhookHandler, WebhookRejected, _header_map
 from headrace.webhook.record import WebhookRecord, encode
 
 SECRETS = {"hook_key": b"s3cr3t", "binary_key": b"\x00\xffkey"}
@@ -72,6 +72,8 @@ def test_json_array_flattens_a_top_level_array() -> None:
     ("JSON", b'{"a": 1} {', "not valid JSON"),
     ("JSON", b"NaN", "not valid JSON"),
     ("JSON", b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
+    ("JSON", b"1e400123456789012345678901234567890", "out of range"),  # was a 500: decimal's InvalidOperation
+    ("JSON ARRAY", b"[1e400123456789012345678901234567890]", "out of range"),
     ("JSON ARRAY", b"[1, 2", "not valid JSON"),
     ("JSON ARRAY", b"[1 2]", "expected ',' or ']'"),
     ("JSON ARRAY", b"[1] [2]", "extra data"),
@@ -229,3 +231,30 @@ def test_a_body_no_expression_reads_is_split_and_refused_as_one_that_is_read(bod
             return error.status, error.message
 
     assert outcome(on_header) == outcome(on_body)
+
+
+_KEY_HEADERS = st.sampled_from(["Idempotency-Key", "idempotency-key", "X-Id", "webhook-id", "Other"])
+
+
+@given(headers=st.lists(st.tuples(_KEY_HEADERS, st.text(max_size=6)), max_size=4),
+       expression=st.sampled_from(["headers->>'idempotency-key'", "headers->'x-id'", "headers['webhook-id']",
+                                   "headers->>'Idempotency-Key'"]),
+       fmt=st.sampled_from(["JSON", "JSON ARRAY", "TEXT"]),
+       body=st.sampled_from([b"{}", b"[]", b"[1, 2]", b"x"]),
+       mapped=st.booleans())
+def test_a_key_that_is_a_header_lookup_is_taken_as_evaluating_the_expression_would(
+        headers: list[tuple[str, str]], expression: str, fmt: str, body: bytes, mapped: bool) -> None:
+    """IDEMPOTENT (headers->>'x') skips the expression evaluator (a dict lookup); the outcome, rows
+    or refusal, is the one the evaluator gives (`|| ''` keeps it on the evaluator's path)."""
+    fast = WebhookHandler(source(f"INCLUDE HEADERS IDEMPOTENT ({expression})", fmt))
+    evaluated = WebhookHandler(source(f"INCLUDE HEADERS IDEMPOTENT (({expression}) || '')", fmt))
+    assert fast._key_header is not None and evaluated._key_header is None  # noqa: SLF001 - the paths compared
+    given_headers = _header_map(headers) if mapped else headers  # as the HTTP fast path hands them over
+
+    def outcome(handler: WebhookHandler) -> object:
+        try:
+            return handler.validate(given_headers, body, NOW_US)
+        except WebhookRejected as error:
+            return error.status, error.message
+
+    assert outcome(fast) == outcome(evaluated)

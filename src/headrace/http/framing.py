@@ -38,6 +38,9 @@ class RequestHead:
     content_length: int | None
     chunked: bool
     keep_alive: bool
+    # Names lower-cased -> values, as the webhook handler reads headers, built while splitting them
+    # (the handler need not build it again); None if the head is not ASCII or repeats a header.
+    header_map: dict[str, str] | None = None
 
 
 class _UrlCollector:
@@ -81,12 +84,14 @@ def parse_head(head: bytes) -> RequestHead | None:
             _SEGMENTS.clear()
         _SEGMENTS[url] = segments
     # As aiohttp decodes header bytes: UTF-8, undecodable bytes kept as surrogates (ASCII: one decode).
-    text = head.decode("ascii") if head.isascii() else head.decode("utf-8", "surrogateescape")
+    ascii_only = head.isascii()
+    text = head.decode("ascii") if ascii_only else head.decode("utf-8", "surrogateescape")
     lines = text.split("\r\n")
     content_length: int | None = None
     chunked = False
     connection = ""
     headers: list[tuple[str, str]] = []
+    header_map: dict[str, str] | None = {} if ascii_only else None
     for line in lines[1:-2]:  # after the request line, before the blank line
         if not line or line[0] in " \t":
             return None  # obsolete line folding (or a bare LF llhttp let through): aiohttp decides
@@ -94,6 +99,11 @@ def parse_head(head: bytes) -> RequestHead | None:
         value = value.lstrip(" \t")  # as llhttp reports it: trailing whitespace kept
         headers.append((name, value))
         lowered = name.lower()
+        if header_map is not None:
+            if lowered in header_map:
+                header_map = None  # repeated: the handler joins the values
+            else:
+                header_map[lowered] = value
         if lowered not in _FRAMING_HEADERS:
             continue
         if lowered == "content-length":
@@ -122,7 +132,8 @@ def parse_head(head: bytes) -> RequestHead | None:
         keep_alive = "keep-alive" in options if minor == "0" else "close" not in options
     else:
         keep_alive = minor != "0"
-    return RequestHead(parser.get_method().decode("ascii"), segments, headers, content_length, chunked, keep_alive)
+    return RequestHead(parser.get_method().decode("ascii"), segments, headers, content_length, chunked, keep_alive,
+                       header_map)
 
 
 _FRAMING_HEADERS = frozenset(("content-length", "transfer-encoding", "content-encoding", "expect", "connection"))

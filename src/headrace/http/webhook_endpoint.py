@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from headrace.errors import HeadraceError, ServiceUnavailable
 from headrace.log.group_commit import Settled
-from headrace.webhook.handler import WebhookRejected
+from headrace.webhook.handler import Headers, WebhookRejected
 from headrace.webhook.ingest import IngestRegistry, SourceIngestor
 
 RETRY_AFTER_S = 1
@@ -104,7 +104,7 @@ class WebhookEndpoint:
             return self.accepted(ingestor, len(pending), received_at_us, size, started)
         return pending
 
-    def submit_then(self, ingestor: SourceIngestor, headers: Sequence[tuple[str, str]], body: bytes,
+    def submit_then(self, ingestor: SourceIngestor, headers: Headers, body: bytes,
                     received_at_us: int, started: float, settled: Settled) -> Reply | None:
         """`submit` without a future: a Reply at once, or None when the rows are queued and
         `settled(offsets, error)` will run in the event loop (then call `accepted` or `failed`)."""

@@ -55,6 +55,17 @@ class _BytesCodec:
         pass
 
 
+def name_os_thread(name: str) -> None:
+    """Give the calling thread `name` in the OS too (/proc/<pid>/task/<tid>/comm, top -H, perf), so
+    per-thread CPU can be told apart. Best effort: Linux only, 15 bytes."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode("ascii")[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def next_offset(offset: int, payload: bytes) -> int:
     """Where the record after `payload` (written at `offset`) starts: records are contiguous."""
     return offset + HEADER_BYTES + len(payload)
@@ -160,6 +171,7 @@ class GroupCommitter:
     # -- the writer thread -------------------------------------------------------------------
 
     def _write_forever(self) -> None:
+        name_os_thread("group-commit")
         try:
             while True:
                 batch = self._next_batch()

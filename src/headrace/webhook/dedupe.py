@@ -14,7 +14,7 @@ At start-up `catch_up` replays the log from that offset (applying a record twice
 Write-behind (what the ingest path uses). A SQLite transaction of random 16-byte keys dirties about
 one page per key, and writing those pages to the WAL costs several times the log's own fsync. So
 `record` only puts the entries in an in-memory overlay and queues them; a flusher thread, woken
-when the queue stops being empty, gathers for a few milliseconds, commits everything queued in one
+when the queue stops being empty, gathers for half a second, commits everything queued in one
 transaction (a group commit of its own) and then drops the entries from the overlay. `lookup` reads the overlay first, then SQLite through a second connection (WAL
 readers do not wait for the writer), so a recorded key is always visible: an entry leaves the
 overlay only after its transaction committed. The overlay is bounded: `record` waits while more
@@ -28,6 +28,7 @@ the table by a background thread at start-up and answers "maybe" until then.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sqlite3
 import threading
@@ -35,6 +36,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from headrace.log.group_commit import name_os_thread
 from headrace.log.reader import read_records
 from headrace.webhook.key_filter import KeyFilter
 from headrace.webhook.record import decode_fields
@@ -43,7 +45,8 @@ INDEX_FILE = "dedupe.sqlite3"
 _LOOKUP_CHUNK = 500  # below SQLite's bound-parameter limit
 _CATCH_UP_CHUNK = 10_000
 _MAX_BEHIND = 50_000  # entries queued for the flusher before `record` waits (bounds the overlay's memory)
-_FLUSH_LINGER_S = 0.1  # the flusher gathers this long: one transaction (and one wake-up) per many group commits
+_FLUSH_LINGER_S = 0.5  # the flusher gathers this long: one transaction per many group commits, and
+# fewer pages written per key (keys of one transaction share B-tree pages; 0.1 s cost ~40% more CPU)
 _FILTER_LOAD_CHUNK = 20_000
 
 
@@ -55,10 +58,19 @@ def body_hash(body: bytes) -> bytes:
     return hashlib.blake2b(body, digest_size=8).digest()
 
 
-class KeyEntry(NamedTuple):  # a tuple: built per keyed row in the group-commit thread, so cheap to make
+class KeyEntry(NamedTuple):
     received_at_us: int
     body_hash: bytes
     log_offset: int
+
+
+# What the index holds per key: KeyEntry's fields, as a plain tuple on the ingest path (built per
+# keyed row in the group-commit thread). Plain, because the garbage collector stops tracking a
+# plain tuple of ints and bytes, never a NamedTuple's: the write-behind overlay holds half a second
+# of entries, which would otherwise reach the oldest generation and start a full collection (a
+# stall of the event loop) every few seconds under load.
+Entry = tuple[int, bytes, int]  # (received_at_us, body_hash, log_offset)
+RECEIVED_AT_US, BODY_HASH, LOG_OFFSET = 0, 1, 2
 
 
 class DedupeIndex:
@@ -77,8 +89,8 @@ class DedupeIndex:
         self._write_behind = write_behind
         self._max_behind = max_behind
         self._queue_changed = threading.Condition()
-        self._overlay: dict[bytes, KeyEntry] = {}  # recorded, not yet committed (write-behind)
-        self._queue: list[tuple[Sequence[tuple[bytes, KeyEntry]], int]] = []
+        self._overlay: dict[bytes, Entry] = {}  # recorded, not yet committed (write-behind)
+        self._queue: list[tuple[Sequence[tuple[bytes, Entry]], int]] = []
         self._queued_entries = 0
         self._flushing = False
         self._flush_waiters = 0  # callers of flush(): the flusher does not linger for them
@@ -108,8 +120,8 @@ class DedupeIndex:
         """Every keyed record before this log offset is reflected in the index."""
         return self._covered_offset
 
-    def lookup(self, hashes: Collection[bytes]) -> dict[bytes, KeyEntry]:
-        found: dict[bytes, KeyEntry] = {}
+    def lookup(self, hashes: Collection[bytes]) -> dict[bytes, Entry]:
+        found: dict[bytes, Entry] = {}
         key_filter = self._filter
         if self._write_behind:
             missing: list[bytes] = []
@@ -137,10 +149,10 @@ class DedupeIndex:
                 for key, received_at_us, body, offset in self._reader.execute(
                         f"SELECT key_hash, received_at_us, body_hash, log_offset FROM keys WHERE key_hash IN ({marks})",
                         chunk):
-                    found[key] = KeyEntry(received_at_us, body, offset)
+                    found[key] = (received_at_us, body, offset)
         return found
 
-    def record(self, entries: Sequence[tuple[bytes, KeyEntry]], covered_offset: int) -> None:
+    def record(self, entries: Sequence[tuple[bytes, Entry]], covered_offset: int) -> None:
         """Upsert entries (later ones win) and advance the covered offset, in one transaction (with
         write-behind: visible to `lookup` at once, committed soon by the flusher)."""
         if self._filter is not None:
@@ -181,6 +193,7 @@ class DedupeIndex:
                 raise OSError(f"the idempotency index could not be written: {self._flush_error!r}")
 
     def _flush_forever(self) -> None:
+        name_os_thread("dedupe-flush")
         while True:
             with self._queue_changed:
                 while not self._queue and not self._closed:
@@ -233,12 +246,17 @@ class DedupeIndex:
         finally:
             db.close()
 
-    def _commit(self, entries: Sequence[tuple[bytes, KeyEntry]], covered_offset: int) -> None:
-        rows = [(key, entry.received_at_us, entry.body_hash, entry.log_offset) for key, entry in entries]
+    def _commit(self, entries: Sequence[tuple[bytes, Entry]], covered_offset: int) -> None:
+        # Many rows per statement, not executemany: the sqlite3 module releases the GIL around each
+        # statement step, and re-taking it while the event loop runs costs a futex round trip and a
+        # context switch, once per row with executemany, once per chunk here.
+        parameters = [value for key, entry in entries for value in (key, *entry)]
         with self._lock:
             self._db.execute("BEGIN")
             try:
-                self._db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?, ?)", rows)
+                for start in range(0, len(parameters), _UPSERT_CHUNK * 4):
+                    chunk = parameters[start:start + _UPSERT_CHUNK * 4]
+                    self._db.execute(_upsert_statement(len(chunk) // 4), chunk)
                 self._db.execute("INSERT OR REPLACE INTO meta VALUES ('covered_offset', ?)", (covered_offset,))
                 self._db.execute("COMMIT")
             except BaseException:
@@ -290,8 +308,17 @@ class DedupeIndex:
             self._db.close()
 
 
-def _entry_key(entry: tuple[bytes, KeyEntry]) -> bytes:
+def _entry_key(entry: tuple[bytes, Entry]) -> bytes:
     return entry[0]
+
+
+_UPSERT_CHUNK = 200  # rows per INSERT statement (4 parameters each: far below SQLite's limit)
+
+
+@functools.lru_cache(maxsize=_UPSERT_CHUNK)
+def _upsert_statement(rows: int) -> str:
+    # Rows are inserted in order: a key given twice keeps its later row, as with one statement per row.
+    return "INSERT OR REPLACE INTO keys VALUES " + ",".join(("(?, ?, ?, ?)",) * rows)
 
 
 def catch_up(index: DedupeIndex, log_dir: Path, log_end: int) -> int:
@@ -302,12 +329,12 @@ def catch_up(index: DedupeIndex, log_dir: Path, log_end: int) -> int:
     if index.covered_offset > log_end:
         index.reset()
     replayed = 0
-    pending: list[tuple[bytes, KeyEntry]] = []
+    pending: list[tuple[bytes, Entry]] = []
     for offset, payload in read_records(log_dir, index.covered_offset, log_end):
         replayed += 1
         received_at_us, key, _headers, body, _prev = decode_fields(payload)
         if key is not None:
-            pending.append((key_hash(key), KeyEntry(received_at_us, body_hash(body), offset)))
+            pending.append((key_hash(key), (received_at_us, body_hash(body), offset)))
         if len(pending) >= _CATCH_UP_CHUNK:
             index.record(pending, offset)  # covers everything before this record: replayed again later
             pending = []

@@ -45,6 +45,11 @@ _WHITESPACE_BYTES = frozenset(_WHITESPACE.encode())
 _SHALLOW_BRACKETS = 256
 
 
+# A request's headers: (name, value) pairs as received, or already mapped as `_header_map` maps
+# them (names lower-cased, a repeated header's values joined; the HTTP fast path builds it).
+Headers = Sequence[tuple[str, str]] | dict[str, str]
+
+
 class WebhookRejected(Exception):
     """The request is refused: `status` and `message` are what the sender gets back."""
 
@@ -74,15 +79,26 @@ class WebhookHandler:
         self._column_headers = frozenset(c.header for c in source.header_columns)
         self._keeps_headers = source.include_headers or bool(source.header_columns)
         self._keeps_all_headers = source.include_headers and not source.headers_allowed and not source.headers_excluded
+        # IDEMPOTENT (headers->>'x') and the like, the common case: a dict lookup per request
+        # instead of evaluating the expression (checked against it here, on two probe requests).
+        self._key_header = _header_lookup(source)
+        if self._key_header is not None and not self._header_lookup_agrees(self._key_header):
+            self._key_header = None
 
-    def validate(self, headers: Sequence[tuple[str, str]], body: bytes, received_at_us: int) -> list[WebhookRecord]:
+    def validate(self, headers: Headers, body: bytes, received_at_us: int) -> list[WebhookRecord]:
         """The request's rows as records (one per row), or WebhookRejected. Nothing is written here."""
-        header_map = _header_map(headers)
+        header_map = headers if isinstance(headers, dict) else _header_map(headers)
         if self._check is not None:
             self._run_check(header_map, body, received_at_us)
         rows = self._split(body)
         kept = self._kept_headers(header_map) if self._keeps_headers else None
         key = self._idempotency_key
+        key_header = self._key_header
+        if key_header is not None:
+            found = header_map.get(key_header)
+            if found is None and rows:  # as evaluating the expression per row would
+                raise WebhookRejected(400, "idempotency key is null")
+            return [WebhookRecord(received_at_us, found, kept, raw) for _, raw in rows]
         records = []
         for value, raw in rows:
             records.append(WebhookRecord(
@@ -129,6 +145,18 @@ class WebhookHandler:
             return header_map.copy()
         keeps, columns = self.source.keeps_header, self._column_headers
         return {name: value for name, value in header_map.items() if name in columns or keeps(name)}
+
+    def _header_lookup_agrees(self, header: str) -> bool:
+        assert self._idempotency_key is not None
+        try:
+            present = self._evaluate_key(self._idempotency_key, None, {header: "probe"}, 0)
+        except WebhookRejected:
+            return False
+        try:
+            self._evaluate_key(self._idempotency_key, None, {}, 0)
+        except WebhookRejected as absent:
+            return present == "probe" and absent.message == "idempotency key is null"
+        return False
 
     def _evaluate_key(self, expression: CompiledExpression, value: Any, header_map: dict[str, str],
                       received_at_us: int) -> str:
@@ -206,6 +234,30 @@ def _reads_body(expression: str | None) -> bool:
     return any(column.name.lower() == "body" or not column.name for column in tree.find_all(exp.Column))
 
 
+def _header_lookup(source: WebhookSource) -> str | None:
+    """The header's name if the IDEMPOTENT expression only looks one header up by a literal name
+    (`headers->>'x'`, `headers->'x'`, `headers['x']`) in the headers map; else None."""
+    if source.idempotent_expr is None or any(column.column == "headers" for column in source.header_columns):
+        return None  # an INCLUDE HEADER column named headers hides the map
+    try:
+        tree = sqlglot.parse_one(source.idempotent_expr, read="postgres")
+    except sqlglot.errors.SqlglotError:
+        return None
+    name: object = None
+    if isinstance(tree, (exp.JSONExtract, exp.JSONExtractScalar)) and isinstance(tree.expression, exp.JSONPath):
+        steps = tree.expression.expressions
+        if len(steps) == 2 and isinstance(steps[0], exp.JSONPathRoot) and isinstance(steps[1], exp.JSONPathKey):
+            name = steps[1].this
+    elif isinstance(tree, exp.Bracket) and len(tree.expressions) == 1:
+        literal = tree.expressions[0]
+        if isinstance(literal, exp.Literal) and literal.is_string:
+            name = literal.this
+    column = tree.this
+    if not (isinstance(name, str) and isinstance(column, exp.Column) and not column.table and column.name == "headers"):
+        return None
+    return name
+
+
 def _json_array_rows(body: bytes) -> Rows:
     text = _utf8(body, "JSON")
     index = _skip_whitespace(text, 0)
@@ -262,6 +314,8 @@ def _decode_at(text: str, index: int) -> tuple[Any, int]:
         raise WebhookRejected(400, "request body is not valid JSON: nested too deeply") from None
     except ValueError as error:
         raise WebhookRejected(400, f"request body is not valid JSON: {error}") from None
+    except ArithmeticError:  # decimal's InvalidOperation: an exponent no numeric can hold (PostgreSQL refuses it too)
+        raise WebhookRejected(400, "request body is not valid JSON: a number is out of range") from None
 
 
 def _header_map(headers: Sequence[tuple[str, str]]) -> dict[str, str]:

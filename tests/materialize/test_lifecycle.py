@@ -146,7 +146,7 @@ def test_load_follows_acknowledge_or_load() -> None:
     machine = TransactionLifecycle()
     machine.on_request(OPEN)
     machine.on_response(Opened(None))
-    with pytest.raises(ProtocolOrderError, match="Load must follow Acknowledge or Load or Flush, but follows Open"):
+    with pytest.raises(ProtocolOrderError, match="Load must follow Acknowledge or Load or LoadColumns or Flush, but follows Open"):
         machine.on_request(Load(0, ["a"]))
     machine = opened_and_acknowledged()
     machine.on_request(Flush())
@@ -234,7 +234,7 @@ def test_loaded_follows_acknowledged_and_answers_a_load() -> None:
     machine.on_response(Opened(None))
     machine.on_request(Acknowledge())
     machine.on_request(Load(0, ["a"]))
-    with pytest.raises(ProtocolOrderError, match="Loaded must follow Acknowledged or Loaded or Flushed, but follows Opened"):
+    with pytest.raises(ProtocolOrderError, match="Loaded must follow Acknowledged or Loaded or LoadedColumns or Flushed, but follows Opened"):
         machine.on_response(Loaded(0, ["a"], {}))
     machine.on_response(Acknowledged())
     with pytest.raises(ProtocolOrderError, match=r"key \['b'\] answers no outstanding Load"):
@@ -251,7 +251,7 @@ def test_flushed_follows_acknowledged_or_loaded_and_flush() -> None:
     machine = TransactionLifecycle()
     machine.on_request(OPEN)
     machine.on_response(Opened(None))
-    with pytest.raises(ProtocolOrderError, match="Flushed must follow Acknowledged or Loaded or Flushed, but follows Opened"):
+    with pytest.raises(ProtocolOrderError, match="Flushed must follow Acknowledged or Loaded or LoadedColumns or Flushed, but follows Opened"):
         machine.on_response(Flushed())
 
 

@@ -242,7 +242,7 @@ def test_a_failing_store_is_a_driver_error_and_commits_nothing(server: DriverSer
 @pytest.mark.parametrize("script, problem", [
     ([{"type": "Flush"}], "Flush sent before Open"),
     ([{"type": "Open"}], "malformed Open message"),
-    (["OPEN", {"type": "Flush"}], "Flush must follow Acknowledge or Load, but follows Open"),
+    (["OPEN", {"type": "Flush"}], "Flush must follow Acknowledge or Load or LoadColumns, but follows Open"),
     (["OPEN", {"type": "Acknowledge"}, {"type": "Store", "binding": 0, "key": ["a"], "values": [1, 2],
                                         "doc": None, "exists": False}],
      "Store must follow Flush or Store or StoreColumns, but follows Acknowledge"),

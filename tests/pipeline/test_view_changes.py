@@ -131,7 +131,7 @@ def test_one_job_batches_equal_spark_groupby_with_replacements(spark: Any, tmp_p
                               input_name="events") for i, sql in enumerate(ONE_JOB_VIEWS)]
     (views, failed) = compile_source_views(source, items)
     assert not failed and OneJobBatch.eligible(source, views)
-    one_job = OneJobBatch(source, views)
+    one_job = OneJobBatch(source, views, columnar=False)
     logged = LoggedSource(tmp_path / "log")
     batches = [*BATCHES, [Event("e6", "c4", None, True, "b")]]
     for events in batches:
@@ -143,7 +143,8 @@ def test_one_job_batches_equal_spark_groupby_with_replacements(spark: Any, tmp_p
         batch = pa.Table.from_pylist(rows, schema=batch.schema)
         table, projected = one_job.collect(spark.createDataFrame(batch))
         assert table.equals(batch)
-        documents = one_job.documents(spark, table, projected, logged.directory)
+        documents, columnar = one_job.documents(spark, table, projected, logged.directory)
+        assert columnar == []
         replacing = [(p, o) for p, o in zip(batch["prev_offset"].to_pylist(), batch["log_offset"].to_pylist())
                      if p is not None]
         replaced = read_replaced(logged.directory, [p for p, _ in replacing], [o for _, o in replacing]) \

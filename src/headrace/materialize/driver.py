@@ -13,6 +13,8 @@ control requests Spec, Validate and Apply); `serve_driver_connection` runs the l
   * Loads are staged, never evaluated before Acknowledged (read-committed), and evaluated in one batch at Flush;
     then Loaded..., Flushed;
   * Stores are handed over in batches; StartCommit -> transactor.start_commit -> StartedCommit.
+  * LoadColumns (columnar Loads) are staged like Loads and answered at Flush, after the Loaded, by one LoadedColumns
+    each from transactor.load_columns (a transactor without it refuses them);
   * StoreColumns (columnar Stores) go to transactor.store_columns, after the Stores staged before them; a
     transactor without that method refuses them (the runtime only sends them to drivers that take them).
 Blocking transactor methods run in `executor`, one at a time per connection, so DuckDB work never blocks the
@@ -42,6 +44,7 @@ from headrace.materialize.protocol import (
     Flush,
     Flushed,
     Load,
+    LoadColumns,
     Loaded,
     Open,
     Opened,
@@ -131,6 +134,7 @@ class _DriverSession:
         self._lifecycle = TransactionLifecycle()
         self._transactor: Transactor | None = None
         self._staged_loads: list[Load] = []
+        self._staged_column_loads: list[LoadColumns] = []
         self._staged_stores: list[Store] = []
         self._acknowledging: asyncio.Task[None] | None = None
         self._failed = False
@@ -165,6 +169,10 @@ class _DriverSession:
         kind = type(request)
         if kind is Load:  # staged until Flush: never evaluated before the previous commit is acknowledged
             self._staged_loads.append(request)
+        elif kind is LoadColumns:
+            if getattr(self._active(), "load_columns", None) is None:
+                raise ProtocolOrderError("this driver does not take columnar Loads (LoadColumns)")
+            self._staged_column_loads.append(request)
         elif kind is Store:
             self._staged_stores.append(request)
             if len(self._staged_stores) >= STORE_BATCH:
@@ -212,6 +220,9 @@ class _DriverSession:
         loaded: list[Response] = (await self._call(lambda: list(self._active().load(loads)))) if loads else []
         for start in range(0, len(loaded), WRITE_BATCH):
             await self._respond(loaded[start:start + WRITE_BATCH])
+        column_loads, self._staged_column_loads = self._staged_column_loads, []
+        for column_load in column_loads:
+            await self._respond([await self._call(self._active().load_columns, column_load)])  # type: ignore[attr-defined]
         await self._respond([Flushed()])
 
     async def _hand_over_stores(self) -> None:

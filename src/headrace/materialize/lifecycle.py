@@ -11,10 +11,14 @@ Rules (request stream, response stream, and the cross-stream rules that tie them
   Acknowledge follows Open | StartCommit, and only once Opened | StartedCommit was received (the runtime can
     only acknowledge a commit that it started and recorded).
   Load follows Acknowledge | Load | Flush (the latter once Flushed was received: a further round); a key at most once per transaction; never for a delta-updates binding.
+  LoadColumns (a columnar Load of many keys) follows what Load follows, under the same rules (its keys are not
+    tracked one by one: the runtime sends each combined key once); Loads and LoadColumns may alternate.
   Flush follows Acknowledge | Load, and never before Acknowledged was received.
   Store, StoreColumns (a columnar Store) and StartCommit follow Flush | Store | StoreColumns, and only once Flushed was received (stores are fully reduced).
   Acknowledged follows Opened | StartedCommit (unordered relative to Acknowledge).
   Loaded follows Acknowledged | Loaded, answering a Load of this transaction not yet answered.
+  LoadedColumns follows what Loaded follows (and Loaded may follow it), answering a LoadColumns of its binding
+    not yet answered, at most one each.
   Flushed follows Acknowledged | Loaded | Flushed, once Flush was sent.
   Rounds: after Flushed, the runtime may send further Loads and another Flush before its Stores (views over
     views: a downstream view's keys are known only once the upstream view's documents were loaded); every
@@ -37,7 +41,9 @@ from headrace.materialize.protocol import (
     Flush,
     Flushed,
     Load,
+    LoadColumns,
     Loaded,
+    LoadedColumns,
     Open,
     Opened,
     ProtocolOrderError,
@@ -60,16 +66,18 @@ _CONTROL_RESPONSES = {response: request for request, response in _CONTROL_ANSWER
 
 _REQUEST_FOLLOWS: dict[type, tuple[type, ...]] = {
     Acknowledge: (Open, StartCommit),
-    Load: (Acknowledge, Load, Flush),  # after Flush: a further round of Loads, once Flushed arrived
-    Flush: (Acknowledge, Load),
+    Load: (Acknowledge, Load, LoadColumns, Flush),  # after Flush: a further round of Loads, once Flushed arrived
+    LoadColumns: (Acknowledge, Load, LoadColumns, Flush),
+    Flush: (Acknowledge, Load, LoadColumns),
     Store: (Flush, Store, StoreColumns),
     StoreColumns: (Flush, Store, StoreColumns),  # a columnar Store: same place, same rules
     StartCommit: (Flush, Store, StoreColumns),
 }
 _RESPONSE_FOLLOWS: dict[type, tuple[type, ...]] = {
     Acknowledged: (Opened, StartedCommit),
-    Loaded: (Acknowledged, Loaded, Flushed),  # after Flushed: answering a further round's Loads
-    Flushed: (Acknowledged, Loaded, Flushed),
+    Loaded: (Acknowledged, Loaded, LoadedColumns, Flushed),  # after Flushed: answering a further round's Loads
+    LoadedColumns: (Acknowledged, Loaded, LoadedColumns, Flushed),
+    Flushed: (Acknowledged, Loaded, LoadedColumns, Flushed),
     StartedCommit: (Flushed,),
 }
 
@@ -105,6 +113,7 @@ class TransactionLifecycle:
         self._loaded_keys: set[Hashable] = set()  # keys sent in Loads this transaction
         self._unanswered_keys: set[Hashable] = set()  # of those, keys no Loaded answered yet
         self._flush_answered = False  # the last Flush has its Flushed
+        self._unanswered_columns: list[int] = []  # bindings of LoadColumns not answered yet
 
     @property
     def last_request(self) -> type | None:
@@ -129,15 +138,22 @@ class TransactionLifecycle:
             self._check_acknowledge()
             self._loaded_keys.clear()
             self._unanswered_keys.clear()
-        elif kind is Load:
-            assert isinstance(msg, Load)
+            self._unanswered_columns.clear()
+        elif kind is Load or kind is LoadColumns:
+            assert isinstance(msg, (Load, LoadColumns))
             if self._last_request is Flush and not self._flush_answered:
                 raise ProtocolOrderError("Load of a further round sent before Flushed was received "
                                          f"(last response: {_name(self._last_response)})")
-            self._check_load(msg)
+            if isinstance(msg, Load):
+                self._check_load(msg)
+            else:
+                self._check_binding(LoadColumns, msg.binding)
+                if self._delta_updates[msg.binding]:
+                    raise ProtocolOrderError(f"LoadColumns sent for delta-updates binding {msg.binding}")
+                self._unanswered_columns.append(msg.binding)
         elif kind is Flush:
             self._flush_answered = False
-            if self._last_response not in (Acknowledged, Loaded, Flushed):
+            if self._last_response not in (Acknowledged, Loaded, LoadedColumns, Flushed):
                 raise ProtocolOrderError("Flush sent before Acknowledged was received "
                                          f"(last response: {_name(self._last_response)})")
         else:  # Store, StoreColumns, StartCommit
@@ -178,11 +194,18 @@ class TransactionLifecycle:
                 raise ProtocolOrderError(f"Loaded for binding {msg.binding} key {msg.key!r} answers no "
                                          "outstanding Load of this transaction")
             self._unanswered_keys.discard(identity)
+        elif kind is LoadedColumns:
+            assert isinstance(msg, LoadedColumns)
+            if msg.binding not in self._unanswered_columns:
+                raise ProtocolOrderError(f"LoadedColumns for binding {msg.binding} answers no outstanding "
+                                         "LoadColumns of this transaction")
+            self._unanswered_columns.remove(msg.binding)
         elif kind is Flushed:
             if self._last_request is not Flush or self._flush_answered:
                 raise ProtocolOrderError(f"Flushed sent before Flush was received "
                                          f"(last request: {_name(self._last_request)})")
             self._unanswered_keys.clear()  # keys absent from the store are simply never Loaded
+            self._unanswered_columns.clear()
             self._flush_answered = True
         elif kind is StartedCommit:
             if self._last_request is not StartCommit:

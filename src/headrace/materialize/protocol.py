@@ -222,6 +222,16 @@ class Load:
     key: list[Any]
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class LoadColumns:
+    """Many Loads of one binding as an Arrow table of key columns (a columnar Load; same place and rules as Load:
+    each key at most once per transaction). Answered at Flush by one LoadedColumns of the keys the store holds."""
+
+    TYPE: ClassVar[str] = "LoadColumns"
+    binding: int
+    keys: pa.Table
+
+
 @dataclass(frozen=True, slots=True)
 class Flush:
     TYPE: ClassVar[str] = "Flush"
@@ -287,6 +297,16 @@ class Loaded:
     doc: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class LoadedColumns:
+    """The stored documents of a LoadColumns' keys that exist, one row each: the binding's key and value columns in
+    StoreColumns' conventions (JSON as text, TIMESTAMPTZ as int64 microseconds, BLOB as binary)."""
+
+    TYPE: ClassVar[str] = "LoadedColumns"
+    binding: int
+    docs: pa.Table
+
+
 @dataclass(frozen=True, slots=True)
 class Flushed:
     TYPE: ClassVar[str] = "Flushed"
@@ -308,11 +328,12 @@ class ErrorResponse:
     fenced_off: bool = False
 
 
-Request: TypeAlias = Spec | Validate | Apply | Open | Acknowledge | Load | Flush | Store | StoreColumns | StartCommit
-Response: TypeAlias = (SpecResponse | Validated | Applied | Opened | Acknowledged | Loaded | Flushed | StartedCommit
-                       | ErrorResponse)
-REQUEST_TYPES: tuple[type, ...] = (Spec, Validate, Apply, Open, Acknowledge, Load, Flush, Store, StoreColumns,
-                                   StartCommit)
+Request: TypeAlias = (Spec | Validate | Apply | Open | Acknowledge | Load | LoadColumns | Flush | Store | StoreColumns
+                      | StartCommit)
+Response: TypeAlias = (SpecResponse | Validated | Applied | Opened | Acknowledged | Loaded | LoadedColumns | Flushed
+                       | StartedCommit | ErrorResponse)
+REQUEST_TYPES: tuple[type, ...] = (Spec, Validate, Apply, Open, Acknowledge, Load, LoadColumns, Flush, Store,
+                                   StoreColumns, StartCommit)
 _TABLE_FIELDS = ("rows", "updated", "deleted")  # StoreColumns' tables, each one blob of its binary frame
 Message: TypeAlias = Request | Response
 
@@ -413,6 +434,10 @@ def to_wire(msg: Message) -> dict[str, Any]:
         return {"type": "StoreColumns", "binding": msg.binding,
                 "blobs": {name: _ipc_bytes(getattr(msg, name)) for name in _TABLE_FIELDS
                           if getattr(msg, name) is not None}}
+    if isinstance(msg, LoadColumns):
+        return {"type": "LoadColumns", "binding": msg.binding, "blobs": {"keys": _ipc_bytes(msg.keys)}}
+    if isinstance(msg, LoadedColumns):
+        return {"type": "LoadedColumns", "binding": msg.binding, "blobs": {"docs": _ipc_bytes(msg.docs)}}
     if isinstance(msg, Open):
         return {"type": "Open", "spec": _spec_to_wire(msg.spec), "key_begin": msg.key_begin,
                 "key_end": msg.key_end, "driver_state": msg.driver_state}
@@ -447,6 +472,10 @@ def from_wire(d: dict[str, Any]) -> Message:
             blobs = d.get("blobs") or {}
             tables = {name: _ipc_table(blobs[name]) for name in _TABLE_FIELDS if name in blobs}
             return StoreColumns(binding=d["binding"], **tables)
+        if kind == "LoadColumns":
+            return LoadColumns(binding=d["binding"], keys=_ipc_table(d["blobs"]["keys"]))
+        if kind == "LoadedColumns":
+            return LoadedColumns(binding=d["binding"], docs=_ipc_table(d["blobs"]["docs"]))
         if kind == "Open":
             return Open(spec=_spec_from_wire(d["spec"]), key_begin=d["key_begin"], key_end=d["key_end"],
                         driver_state=d.get("driver_state") or {})

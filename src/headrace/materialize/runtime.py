@@ -22,6 +22,8 @@ Contract (one `Runtime` per materialization key range per connection):
          delete=True, or nothing if the key was not stored. Delta-updates bindings store this transaction's
          combination only (never loaded).
       6. StartCommit(checkpoint); await StartedCommit; with a recovery log, commit checkpoint + driver state.
+         With wait_for_commit=False, StartedCommit is awaited at the start of the next transaction instead.
+      Columnar documents (materialize/columnar.py) go through steps 2-5 as LoadColumns / LoadedColumns / StoreColumns.
   What is durable when transact returns: with a remote-authoritative driver (the serving store), the documents
   and `checkpoint` committed together in the driver's store. With recovery-log drivers, the driver's effects are
   durable only once the caller commits its own log and the next Acknowledge reaches the driver.
@@ -32,7 +34,7 @@ Any failure (driver Error, FencedOff, ordering violation, lost connection) poiso
 a new one, and replay from the checkpoint that open() returns. Recovery after a crash between the driver's commit
 and the caller's log commit is the caller's: compare the batch with open()'s checkpoint and skip what it covers.
 
-Pipelining: `PipelinedRuntime` runs transactions back to back on a committer thread while producers `feed()`
+Pipelining: `PipelinedRuntime` (materialize/pipelined.py) runs transactions back to back on a committer thread while producers `feed()`
 documents: whatever arrives while a commit is in flight is combined into the next transaction, whose Acknowledge
 and Loads go out before the driver's Acknowledged (drivers stage Loads until their commit completes).
 """
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -60,7 +61,9 @@ from headrace.materialize.protocol import (
     Flush,
     Flushed,
     Load,
+    LoadColumns,
     Loaded,
+    LoadedColumns,
     MaterializationError,
     MaterializationSpec,
     REQUEST_TYPES,
@@ -85,6 +88,7 @@ from headrace.materialize.protocol import (
     to_wire,
     validate_binding_of,
 )
+from headrace.materialize.columnar import ColumnarDocuments
 from headrace.materialize.recovery import RecoveryLog
 from headrace.materialize.reduce import Reducer, combine_lww
 from headrace.materialize.transport import FrameSocket
@@ -170,6 +174,7 @@ class _Transaction:
     combined: dict[Hashable, list[Any]] = field(default_factory=dict)
     loaded: dict[Hashable, Document] = field(default_factory=dict)
     loads_sent: int = 0  # entries of `combined` (in insertion order) whose Load was sent or is not needed
+    loaded_columns: dict[int, list[Any]] = field(default_factory=dict)  # binding -> LoadedColumns tables
 
 
 class Runtime:
@@ -208,6 +213,7 @@ class Runtime:
         self._acknowledged = False  # the driver's previous commit is done (Acknowledged received)
         self.driver_state: dict[str, Any] = {}  # the driver's state as of the last response that updated it
         self.committed_transactions = 0
+        self._commit_in_flight: dict[str, Any] | None = None  # checkpoint of a StartCommit awaiting StartedCommit
         # Seconds per phase of the last transaction (observability: combine, ack_wait, load, reduce, store, commit).
         self.phase_seconds: dict[str, float] = {}
 
@@ -261,16 +267,28 @@ class Runtime:
         transact() does this itself; call it early so recovery-log drivers apply their effects without waiting
         for the next batch."""
         self._check_usable()
+        self._finish_commit_in_flight()
         with self._failing_permanently():
             self._send_acknowledge()
 
     def transact(self, documents: Iterable[tuple[int, list[Any], Document]],
-                 runtime_checkpoint: dict[str, Any], columns: Sequence[StoreColumns] = ()) -> None:
+                 runtime_checkpoint: dict[str, Any], columns: Sequence[StoreColumns] = (),
+                 columnar: Sequence[ColumnarDocuments] = (), wait_for_commit: bool = True) -> None:
         """Run one transaction of (binding index, key, document) triples that commits `runtime_checkpoint`.
 
         `columns`: columnar Stores sent as they are after the documents' Stores (no Load, no reduction): for keys
-        the caller knows the state of, e.g. a source's rows under fresh log offsets and deletions of replaced ones."""
+        the caller knows the state of, e.g. a source's rows under fresh log offsets and deletions of replaced ones.
+        `columnar`: bindings' documents as Arrow tables, Loaded and reduced as columns (materialize/columnar.py).
+        `wait_for_commit=False` returns once StartCommit is sent: the driver commits while the caller prepares the
+        next transaction, whose first step (or `finish_commit()`) awaits StartedCommit. Nothing is durable on return
+        then: only a caller whose recovery trusts the driver's checkpoint (remote-authoritative) may do this."""
         self._check_usable()
+        commit_wait = self._finish_commit_in_flight()
+        upstreams = {derived.upstream for derived in self._derived}
+        for batch in columnar:
+            if self._delta[batch.binding] or batch.binding in upstreams:
+                raise MaterializationError(f"binding {batch.binding} cannot take columnar documents "
+                                           "(delta-updates, or read by a derived binding)")
         with self._failing_permanently(), _cyclic_gc_paused():
             started = time.perf_counter()
             txn = _Transaction()
@@ -278,19 +296,41 @@ class Runtime:
             combined = time.perf_counter() - started
             self._send_acknowledge()
             self._send_loads(self._new_loads(txn))
-            self._finish(txn, runtime_checkpoint, columns)
+            bindings = self.spec.bindings
+            self._send([LoadColumns(batch.binding, batch.partials.select(list(bindings[batch.binding].key)))
+                        for batch in columnar if batch.partials.num_rows])
+            self._finish(txn, runtime_checkpoint, columns, columnar, wait_for_commit)
             self.phase_seconds["combine"] = combined
+            self.phase_seconds["commit_wait"] = commit_wait
+
+    def finish_commit(self) -> None:
+        """Await the StartedCommit of a transaction sent with wait_for_commit=False (nothing if none is in flight)."""
+        self._check_usable()
+        self._finish_commit_in_flight()
+
+    def _finish_commit_in_flight(self) -> float:
+        if self._commit_in_flight is None:
+            return 0.0
+        started = time.perf_counter()
+        with self._failing_permanently():
+            self._complete_commit(self._commit_in_flight)
+        return time.perf_counter() - started
 
     def wait_acknowledged(self) -> None:
         """Acknowledge (if not yet sent) and wait for the driver's Acknowledged: its previous commit is done (for
         recovery-log drivers: applied), and its non-transactional state is recorded in the recovery log."""
         self._check_usable()
+        self._finish_commit_in_flight()
         with self._failing_permanently():
             self._send_acknowledge()
             self._await_acknowledged()
 
     def close(self) -> None:
-        """Drop the connection. A transaction in flight is abandoned (the driver rolls it back)."""
+        """Drop the connection. A transaction in flight is abandoned (the driver rolls it back); a commit in flight
+        (wait_for_commit=False) is awaited first, so a clean stop leaves the store as far as the caller went."""
+        if self._failure is None and self._commit_in_flight is not None:
+            with suppress(Exception):  # the store's checkpoint says what committed either way
+                self._finish_commit_in_flight()
         self._failure = self._failure or MaterializationError("runtime is closed")
         self._driver.close()
 
@@ -331,7 +371,8 @@ class Runtime:
                 self.recovery_log.update_driver_state(self.driver_state)
 
     def _finish(self, txn: _Transaction, runtime_checkpoint: dict[str, Any],
-                columns: Sequence[StoreColumns] = ()) -> None:
+                columns: Sequence[StoreColumns] = (), columnar: Sequence[ColumnarDocuments] = (),
+                wait_for_commit: bool = True) -> None:
         """Steps 3-6: await the previous commit, flush loads, reduce, derive downstream bindings' documents (each a
         further round of Loads), store reduced documents, commit."""
         self.phase_seconds = phases = {}
@@ -363,7 +404,10 @@ class Runtime:
                 self._flush_round(txn)  # a further round: the downstream keys are known only now
             self._reduce_into(txn, finals, lambda binding, target=derived.binding: binding == target)
         lap("derive")
+        reduced = [self._reduce_columns(txn, batch) for batch in columnar if batch.partials.num_rows]
+        lap("reduce_columns")
         self._send_stores(txn, finals)
+        self._send([store for store in reduced if store is not None])
         for store_columns in columns:
             if not 0 <= store_columns.binding < len(self._delta):
                 raise MaterializationError(f"columnar Store names binding {store_columns.binding}, "
@@ -371,10 +415,18 @@ class Runtime:
             self._send([store_columns])
         lap("store")
         self._send([StartCommit(runtime_checkpoint)])
+        if wait_for_commit:
+            self._complete_commit(runtime_checkpoint)
+        else:
+            self._commit_in_flight = runtime_checkpoint
+        lap("commit")
+
+    def _complete_commit(self, runtime_checkpoint: dict[str, Any]) -> None:
+        """Await StartedCommit of the StartCommit just sent; then the next transaction may start."""
+        self._commit_in_flight = None
         self._expect(StartedCommit)
         if self.recovery_log is not None:  # the checkpoint and StartedCommit's driver state, atomically
             self.recovery_log.commit(runtime_checkpoint, self.driver_state)
-        lap("commit")
         # The next transaction starts: its Acknowledge is unsent and the driver's Acknowledged is pending.
         self._acknowledge_sent = False
         self._acknowledged = False
@@ -386,6 +438,9 @@ class Runtime:
             response = self._recv()
             if isinstance(response, Flushed):
                 return
+            if isinstance(response, LoadedColumns):
+                txn.loaded_columns.setdefault(response.binding, []).append(response.docs)
+                continue
             if not isinstance(response, Loaded):
                 raise ProtocolOrderError(f"expected Loaded or Flushed, got {type(response).__name__}")
             txn.loaded[key_identity(response.binding, response.key)] = response.doc
@@ -408,6 +463,18 @@ class Runtime:
             if finalize is not None and doc is not None:
                 doc = finalize(doc)
             finals[identity] = doc
+
+    @staticmethod
+    def _reduce_columns(txn: _Transaction, batch: ColumnarDocuments) -> StoreColumns | None:
+        """One columnar binding's Store: its partials reduced with the rows the driver loaded for them."""
+        import pyarrow as pa
+
+        loaded = txn.loaded_columns.get(batch.binding) or []
+        table = pa.concat_tables(loaded) if len(loaded) > 1 else (loaded[0] if loaded else None)
+        stores = batch.reduce(batch.partials, table)
+        if not any(t is not None and t.num_rows for t in (stores.rows, stores.updated, stores.deleted)):
+            return None
+        return StoreColumns(batch.binding, rows=stores.rows, updated=stores.updated, deleted=stores.deleted)
 
     def _send_stores(self, txn: _Transaction, finals: dict[Hashable, Document | None]) -> None:
         bindings = self.spec.bindings
@@ -502,101 +569,5 @@ class Runtime:
             raise
 
 
-class PipelinedRuntime:
-    """Runs an open Runtime's transactions back to back on a committer thread, fed by producer threads.
-
-    `feed(documents, checkpoint)` combines documents into the pending transaction at once and returns a ticket;
-    `wait(ticket)` returns once the transaction holding them committed. The committer's loop, per transaction:
-      1. wait for pending documents; Acknowledge; Load the keys combined so far (before Acknowledged);
-      2. await Acknowledged (the driver's previous commit), while producers keep feeding the same transaction;
-      3. close it: Loads of the keys that arrived meanwhile, Flush, Loaded, Store, StartCommit, StartedCommit.
-    Documents fed during steps 2-3 of one transaction therefore join the next: under back-pressure (a slow
-    commit) transactions grow instead of queueing. The pending transaction is bounded: `feed` blocks while it
-    holds `max_pending_keys` keys. The checkpoint of a transaction is the last one fed into it.
-    A failure ends the committer; `feed` and `wait` then raise it."""
-
-    def __init__(self, runtime: Runtime, max_pending_keys: int = 500_000) -> None:
-        self.runtime = runtime
-        self.max_pending_keys = max_pending_keys
-        self.transaction_sizes: list[int] = []  # keys per committed transaction (observability, tests)
-        self._condition = threading.Condition()
-        self._pending = _Transaction()
-        self._pending_checkpoint: dict[str, Any] | None = None
-        self._fed_ticket = 0  # the ticket of the newest feed
-        self._committed_ticket = 0  # every feed up to this ticket is committed
-        self._closing = False
-        self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._commit_loop, name=f"committer-{runtime.spec.name}",
-                                        daemon=True)
-        self._thread.start()
-
-    def feed(self, documents: Iterable[tuple[int, list[Any], Document]], runtime_checkpoint: dict[str, Any]) -> int:
-        """Combine `documents` into the pending transaction; returns the ticket to `wait` for."""
-        batch = list(documents)  # outside the lock: a generator may be slow
-        with self._condition:
-            while (len(self._pending.combined) >= self.max_pending_keys and self._failure is None
-                   and not self._closing):
-                self._condition.wait()
-            self._raise_failure()
-            if self._closing:
-                raise MaterializationError("pipelined runtime is closing")
-            self.runtime._combine_into(self._pending, batch)
-            self._pending_checkpoint = runtime_checkpoint
-            self._fed_ticket += 1
-            self._condition.notify_all()
-            return self._fed_ticket
-
-    def wait(self, ticket: int, timeout: float | None = None) -> None:
-        """Block until the transaction holding `ticket` committed (TimeoutError after `timeout` seconds)."""
-        with self._condition:
-            if not self._condition.wait_for(lambda: self._committed_ticket >= ticket or self._failure is not None,
-                                            timeout):
-                raise TimeoutError(f"ticket {ticket} not committed within {timeout} s")
-            if self._committed_ticket < ticket:
-                self._raise_failure()
-
-    def close(self, timeout: float | None = 30.0) -> None:
-        """Commit what is pending, stop the committer and close the runtime."""
-        with self._condition:
-            self._closing = True
-            self._condition.notify_all()
-        self._thread.join(timeout)
-        self.runtime.close()
-        with self._condition:
-            self._raise_failure()
-
-    def _raise_failure(self) -> None:
-        if self._failure is not None:
-            raise MaterializationError(f"pipelined runtime of {self.runtime.spec.name} failed: "
-                                       f"{self._failure}") from self._failure
-
-    def _commit_loop(self) -> None:
-        runtime = self.runtime
-        try:
-            while True:
-                with self._condition:
-                    self._condition.wait_for(lambda: self._fed_ticket > self._committed_ticket or self._closing)
-                    if self._fed_ticket == self._committed_ticket:
-                        return  # closing with nothing pending
-                    early_loads = runtime._new_loads(self._pending)
-                with runtime._failing_permanently():
-                    runtime._send_acknowledge()
-                    runtime._send_loads(early_loads)
-                    runtime._await_acknowledged()  # meanwhile, feed() keeps growing the pending transaction
-                with self._condition:
-                    txn, self._pending = self._pending, _Transaction()
-                    checkpoint, ticket = self._pending_checkpoint, self._fed_ticket
-                    late_loads = runtime._new_loads(txn)
-                    self._condition.notify_all()  # feeders blocked on a full transaction may go on
-                assert checkpoint is not None
-                with runtime._failing_permanently(), _cyclic_gc_paused():
-                    runtime._send_loads(late_loads)
-                    runtime._finish(txn, checkpoint)
-                with self._condition:
-                    self.transaction_sizes.append(len(txn.combined))
-                    self._committed_ticket = ticket
-                    self._condition.notify_all()
-        except BaseException as exc:
-            with self._condition:
-                self._failure = exc
-                self._condition.notify_all()
+# PipelinedRuntime lives in its own module; importable from here as before.
+from headrace.materialize.pipelined import PipelinedRuntime  # noqa: E402,F401

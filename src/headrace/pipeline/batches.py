@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from headrace.catalog.items import WebhookSource
+from headrace.materialize.columnar import ColumnarDocuments
 from headrace.materialize.protocol import StoreColumns
 from headrace.materialize.runtime import Runtime
 from headrace.materialize.sources import source_binding
@@ -94,21 +96,25 @@ class SourceBatches:
         checkpoint = {"epoch": self.epoch, "batch_id": batch_id, "log_end": log_end, "views": self.view_ids}
         source_rows = self.source_rows(table)
         collected = time.monotonic()
-        documents = self.one_job.documents(frame.sparkSession, table, projected, self.log_dir)
-        self._commit(batch_id, table, documents, checkpoint, source_rows, (started, read, collected, time.monotonic()))
+        documents, columnar = self.one_job.documents(frame.sparkSession, table, projected, self.log_dir)
+        self._commit(batch_id, table, documents, checkpoint, source_rows, (started, read, collected, time.monotonic()),
+                     columnar)
 
     def _commit(self, batch_id: int, table: pa.Table, documents: list[tuple[int, list[Any], dict[str, Any]]],
                 checkpoint: dict[str, Any], source_rows: StoreColumns,
-                marks: tuple[float, float, float, float]) -> None:
+                marks: tuple[float, float, float, float], columnar: Sequence[ColumnarDocuments] = ()) -> None:
         started, read, collected, viewed = marks
-        self.runtime.transact(documents, checkpoint, [source_rows])
+        # Pipelined: the driver commits while Spark runs the next batch; the next transaction awaits StartedCommit
+        # first (discard_checkpoint_ahead_of_store keeps this exactly once across crashes).
+        self.runtime.transact(documents, checkpoint, [source_rows], columnar, wait_for_commit=False)
         self.committed_batch_id = batch_id
         self.last_batch_seconds = time.monotonic() - started
         if self.last_batch_seconds > SLOW_BATCH_S:
             phases = " ".join(f"{name} {seconds:.2f}" for name, seconds in self.runtime.phase_seconds.items())
+            documents_count = len(documents) + sum(batch.partials.num_rows for batch in columnar)
             log.warning("%s: batch %d of %d rows, %d view documents took %.2f s (read %.2f, source rows %.2f, "
                         "views %.2f, transaction %.2f: %s)", self.source.materialization, batch_id, table.num_rows,
-                        len(documents), self.last_batch_seconds, read - started, collected - read,
+                        documents_count, self.last_batch_seconds, read - started, collected - read,
                         viewed - collected, time.monotonic() - viewed, phases)
 
     def source_rows(self, table: pa.Table) -> StoreColumns:
@@ -129,6 +135,34 @@ class SourceBatches:
     def _view_documents(self, frame: DataFrame, table: pa.Table) -> Iterator[tuple[int, list[Any], dict[str, Any]]]:
         changes = batch_changes(frame, self.source, table, self.log_dir)
         return view_documents_of(self.views, changes)
+
+
+def spark_committed_batch(checkpoint_dir: Path) -> int | None:
+    """The newest batch id Spark recorded as done (`commits/<id>`), or None."""
+    commits = checkpoint_dir / "commits"
+    ids = [int(path.name) for path in commits.iterdir() if path.name.isdigit()] if commits.is_dir() else []
+    return max(ids, default=None)
+
+
+def discard_checkpoint_ahead_of_store(checkpoint_dir: Path, epoch: str, stored: dict[str, Any]) -> bool:
+    """Empty a Spark checkpoint that recorded batches the store does not hold; True if it did (take a new epoch).
+
+    SourceBatches returns from foreachBatch once StartCommit is sent, so Spark may record batch N done while the
+    store's commit of N fails or a crash cuts it: resuming after N would lose it. The store is the authority: such
+    a checkpoint is dropped and the query resumes from the store's `log_end` under a new epoch, as after a lost
+    Spark checkpoint. Called only while no query uses the directory."""
+    committed = spark_committed_batch(checkpoint_dir)
+    if committed is None or (stored.get("epoch") == epoch and committed <= int(stored.get("batch_id", -1))):
+        return False
+    log.warning("Spark checkpoint %s recorded batch %d, the store holds %s of epoch %s: resuming from the store's "
+                "log end %s", checkpoint_dir, committed, stored.get("batch_id"), stored.get("epoch"),
+                stored.get("log_end", 0))
+    for path in checkpoint_dir.iterdir():
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return True
 
 
 def deletion(offset: int) -> dict[str, Any]:

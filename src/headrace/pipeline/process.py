@@ -29,7 +29,7 @@ from headrace.materialize.reduce import combine_lww, reducer_for_schema
 from headrace.materialize.runtime import Runtime, RpcDriverConnection
 from headrace.materialize.sources import source_binding
 from headrace.materialize.transport import FrameSocket
-from headrace.pipeline.batches import SourceBatches
+from headrace.pipeline.batches import SourceBatches, discard_checkpoint_ahead_of_store
 from headrace.pipeline.log_source import HeadraceLogSource
 from headrace.pipeline.view_changes import SourceView, backfill_documents, compile_source_views, derived_bindings
 from headrace.sql.ddl import item_from_create_sql
@@ -171,6 +171,8 @@ class Pipeline:
                           derived=kind.derived(self.spark, source_views))  # views over views
         try:
             stored = runtime.open() or {}
+            if discard_checkpoint_ahead_of_store(checkpoint_dir, epoch, stored):  # pipelined commits: batches.py
+                epoch = _checkpoint_epoch(checkpoint_dir)
             committed_batch_id, start_offset = -1, 0
             if stored.get("epoch") == epoch:
                 committed_batch_id = int(stored["batch_id"])

@@ -97,22 +97,9 @@ class GroupedProjection:
         """Partial documents of the projected changes `table` (this view's prefixed columns, maybe among others)."""
         from headrace.pipeline.views import _from_doc, _partial_state
 
-        p = self.prefix
-        if self.keep is not None:
-            table = table.filter(table[f"{p}keep"])
-        names = [f"k{i}" for i in range(len(self.keys))] + [ROWS_FIELD] + \
-            [f"c{i}" for i in range(len(self.contributions))]
-        table = table.select([f"{p}{name}" for name in names]).rename_columns(names)
-        if table.num_rows == 0:
+        grouped = self.grouped(table)
+        if grouped is None:
             return []
-        key_names = [f"k{i}" for i in range(len(self.keys))]
-        aggregations = [(ROWS_FIELD, "sum", pa.compute.ScalarAggregateOptions(min_count=0))]
-        aggregations += [(f"c{i}", function, pa.compute.ScalarAggregateOptions(min_count=0 if function == "sum" else 1))
-                         for i, (_, _, function) in enumerate(self.contributions)]
-        grouped = table.group_by(key_names, use_threads=False).aggregate(aggregations)
-        renamed = {f"{ROWS_FIELD}_sum": ROWS_FIELD}
-        renamed.update({f"c{i}_{function}": name for i, (_, name, function) in enumerate(self.contributions)})
-        grouped = grouped.rename_columns([renamed.get(n, n) for n in grouped.column_names])
         plan = self.plan
         documents = []
         for row in grouped.to_pylist():
@@ -126,6 +113,26 @@ class GroupedProjection:
             documents.append(([key], {KEY_FIELD: key, **{f"k{i}": v for i, v in enumerate(key_values)},
                                       STATE_FIELD: state}))
         return documents
+
+    def grouped(self, table: pa.Table) -> pa.Table | None:
+        """The projected changes grouped: k*, rows and each contribution under its partial-state name (a0_n, a1_s,
+        ...), one row per group; None if no change passes the WHERE."""
+        p = self.prefix
+        if self.keep is not None:
+            table = table.filter(table[f"{p}keep"])
+        names = [f"k{i}" for i in range(len(self.keys))] + [ROWS_FIELD] + \
+            [f"c{i}" for i in range(len(self.contributions))]
+        table = table.select([f"{p}{name}" for name in names]).rename_columns(names)
+        if table.num_rows == 0:
+            return None
+        key_names = [f"k{i}" for i in range(len(self.keys))]
+        aggregations = [(ROWS_FIELD, "sum", pa.compute.ScalarAggregateOptions(min_count=0))]
+        aggregations += [(f"c{i}", function, pa.compute.ScalarAggregateOptions(min_count=0 if function == "sum" else 1))
+                         for i, (_, _, function) in enumerate(self.contributions)]
+        grouped = table.group_by(key_names, use_threads=False).aggregate(aggregations)
+        renamed = {f"{ROWS_FIELD}_sum": ROWS_FIELD}
+        renamed.update({f"c{i}_{function}": name for i, (_, name, function) in enumerate(self.contributions)})
+        return grouped.rename_columns([renamed.get(n, n) for n in grouped.column_names])
 
 
 def arrow_aggregate_documents(plan: ViewPlan, frame: DataFrame, translate: Any) -> list[tuple[list[Any], dict[str, Any]]]:

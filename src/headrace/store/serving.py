@@ -31,6 +31,7 @@ import duckdb
 
 from headrace.errors import FeatureNotSupported, HeadraceError, InternalError
 from headrace.materialize.protocol import Binding
+from headrace.store.table_types import is_exact_store_type  # tables' DECIMAL(p,s), DATE, TIMESTAMP, UUID, INTERVAL
 
 INTERNAL_SCHEMA = "headrace_internal"
 PUBLIC_SCHEMA = "public"
@@ -153,7 +154,7 @@ class ServingStore:
             raise InternalError(f"binding {binding.resource_path} names a column twice: {binding.columns}")
         types = {column: binding.column_types[column].upper() for column in binding.columns}
         for column, type_name in types.items():
-            if type_name not in SUPPORTED_TYPES:
+            if type_name not in SUPPORTED_TYPES and not is_exact_store_type(type_name):
                 raise FeatureNotSupported(f"column type {type_name} of {column!r} is not supported",
                                           hint=f"supported: {', '.join(sorted(SUPPORTED_TYPES))}")
             if column in CHANGELOG_COLUMNS:

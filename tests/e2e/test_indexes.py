@@ -43,7 +43,8 @@ def test_index_lookups_match_duckdb_and_see_writes(server: HeadraceProcess) -> N
         assert lookups(conn, 1, binary=False)[1] == [("uno", 1, 10)]
         conn.execute("DELETE FROM idx_kv WHERE k = 3")
         assert lookups(conn, 3, binary=False)[1] == []
-        assert conn.execute("SHOW INDEXES").fetchall() == [("idx_kv_k", "idx_kv", "default", "{k}")]
+        shown = [row for row in conn.execute("SHOW INDEXES").fetchall() if row[1] == "idx_kv"]  # a shared server
+        assert shown == [("idx_kv_k", "idx_kv", "default", "{k}")]
         assert conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE indexname = 'idx_kv_k'").fetchall() == [
             ("idx_kv_k", "CREATE INDEX idx_kv_k ON public.idx_kv USING btree (k)")]
 

@@ -108,6 +108,11 @@ def build_spark(master: str, data_dir: Path) -> Any:
         # Idle costs nothing: no empty micro-batches when the log has not grown.
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
+        # The default (FileContext-based) manager renames through Hadoop's AbstractFileSystem, which on the local
+        # file system forks `readlink` from the JVM for every checkpoint file: ~0.2-0.4 s per micro-batch here
+        # (offsets + commits). The FileSystem-based one renames with rename(2): atomic on a local disk all the same.
+        .config("spark.sql.streaming.checkpointFileManagerClass",
+                "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
         .config("spark.driver.memory", "1g")
         .config("spark.local.dir", str(data_dir / "pipeline" / "tmp"))
         .config("spark.sql.warehouse.dir", str(data_dir / "pipeline" / "warehouse"))

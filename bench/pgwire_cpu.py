@@ -25,33 +25,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from headrace.coordinator.client import AdapterClient  # noqa: E402
 from headrace.pgwire.connection import PgConnection  # noqa: E402
-from tests.coordinator.conftest import fill_table_in_store, in_process_adapter  # noqa: E402
+from tests.coordinator.conftest import in_process_adapter  # noqa: E402
+from tests.pgwire.in_process import drain, indexed_kv  # noqa: E402
 from tests.pgwire import wire_client as wire  # noqa: E402
 
 ROWS = 10_000
 QUERY = "SELECT v FROM kv WHERE k = {k};"
 PARAM_QUERY = "SELECT v FROM kv WHERE k = $1;"
-
-
-async def drain(connection: PgConnection) -> bytes:
-    while await connection.step() is not None:
-        pass
-    return connection.take_output()
-
-
-async def setup(adapter: AdapterClient) -> PgConnection:
-    connection = PgConnection(adapter, peer_address="127.0.0.1")
-    connection.receive_data(wire.startup({"user": "headrace", "database": "headrace"}))
-    await drain(connection)
-    connection.receive_data(wire.query("CREATE TABLE kv (k int PRIMARY KEY, v text NOT NULL)"))
-    await drain(connection)
-    fill_table_in_store(adapter, f"SELECT i, 'value-' || i FROM range(1, {ROWS + 1}) t(i)")
-    connection.receive_data(wire.query("CREATE INDEX kv_k ON kv (k)"))
-    output = await drain(connection)
-    assert b"CREATE INDEX" in output, output
-    return connection
 
 
 def mode_bytes(mode: str, keys: list[int]) -> list[bytes]:
@@ -83,7 +64,7 @@ async def measure(connection: PgConnection, mode: str, queries: int, rounds: int
 
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as temporary, in_process_adapter(Path(temporary)) as adapter:
-        connection = await setup(adapter)
+        connection = await indexed_kv(adapter, f"SELECT i, 'value-' || i FROM range(1, {ROWS + 1}) t(i)")
         connection.receive_data(wire.parse("P0_1", PARAM_QUERY) + wire.sync())
         await drain(connection)
         for mode in ("simple", "extended", "prepared"):

@@ -22,7 +22,8 @@ from headrace.pgwire.connection import PgConnection
 from headrace.pgwire.direct_lane import answer_bound_group
 from headrace.pgwire.messages.frontend import peek_bound_group
 
-from tests.coordinator.conftest import fill_table_in_store, in_process_adapter
+from tests.coordinator.conftest import in_process_adapter
+from tests.pgwire.in_process import connect, drain, indexed_kv
 
 from . import wire_client as wc
 
@@ -36,30 +37,10 @@ def adapter(tmp_path: Path) -> Iterator[AdapterClient]:
         yield client
 
 
-async def drain(connection: PgConnection) -> bytes:
-    while await connection.step() is not None:
-        pass
-    return connection.take_output()
-
-
-async def connect(adapter: AdapterClient) -> PgConnection:
-    connection = PgConnection(adapter, peer_address="127.0.0.1")
-    connection.receive_data(wc.startup({"user": "headrace", "database": "headrace"}))
-    await drain(connection)
-    return connection
-
-
 async def with_table(adapter: AdapterClient) -> PgConnection:
-    """A connection to a coordinator whose table kv (k int PRIMARY KEY, v text) holds ROWS rows and is indexed;
-    the rows go straight into the store as the serving driver writes a table's (there is no pipeline here)."""
-    connection = await connect(adapter)
-    connection.receive_data(wc.query("CREATE TABLE kv (k int PRIMARY KEY, v text)"))
-    assert b"CREATE TABLE" in await drain(connection)
-    fill_table_in_store(adapter, f"SELECT i, CASE WHEN i % 7 = 0 THEN NULL ELSE 'value-' || i END "
-                                 f"FROM range(1, {ROWS + 1}) t(i)")
-    connection.receive_data(wc.query("CREATE INDEX kv_k ON kv (k)"))
-    assert b"CREATE INDEX" in await drain(connection)
-    return connection
+    """kv holds ROWS rows, every seventh v NULL, indexed on k."""
+    return await indexed_kv(adapter, f"SELECT i, CASE WHEN i % 7 = 0 THEN NULL ELSE 'value-' || i END "
+                                     f"FROM range(1, {ROWS + 1}) t(i)")
 
 
 def group(statement: str, params: list[bytes | None], *, parse: bool, describe: bool, max_rows: int = 0,

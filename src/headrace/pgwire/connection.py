@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ from headrace.errors import HeadraceError, ProtocolViolation
 from headrace.pgwire import messages
 from headrace.pgwire.copy import CopyIn, Flush
 from headrace.pgwire.direct_lane import answer_bound_group, answer_simple_query
-from headrace.pgwire.messages.frontend import peek_bound_group
+from headrace.pgwire.messages.frontend import peek_bound_group, peek_query
 from headrace.pgwire.extended_query import ExtendedQueryHandler
 from headrace.pgwire.auth import AuthMethod, Handshake, choose_method, make_handshake, rejection
 from headrace.pgwire.interfaces import AdapterClient, SessionClient
@@ -36,7 +35,6 @@ from headrace.pgwire.simple_query import UNNAMED, run_simple_query
 from headrace.pgwire.startup import StartupRequest, check_startup, open_session
 
 logger = logging.getLogger(__name__)
-_INT32 = struct.Struct("!i")
 
 
 class ConnectionState(enum.Enum):
@@ -129,13 +127,8 @@ class PgConnection:
         session = self._session
         assert session is not None
         if data[0] == 0x51:  # 'Q'
-            if _INT32.unpack_from(data, 1)[0] != len(data) - 1 or data[-1] != 0:
-                return False
-            try:
-                sql = data[5:-1].decode()
-            except UnicodeDecodeError:
-                return False
-            return "\0" not in sql and answer_simple_query(session, sql, self._out)
+            query = peek_query(data)
+            return query is not None and answer_simple_query(session, query.sql, self._out)
         group = peek_bound_group(data)
         return group is not None and group.size == len(data) and answer_bound_group(session, group, self._out)
 

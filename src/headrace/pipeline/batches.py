@@ -74,10 +74,7 @@ class SourceBatches:
             read = time.monotonic()
             if table.num_rows == 0:
                 return
-            log_end = pc.max(table["next_offset"]).as_py()
-            # `views`: the views whose state this checkpoint includes (a view missing here is backfilled).
-            checkpoint = {"epoch": self.epoch, "batch_id": batch_id, "log_end": log_end, "views": self.view_ids}
-            source_rows = self.source_rows(table)
+            checkpoint, source_rows = self._checkpoint(batch_id, table), self.source_rows(table)
             collected = time.monotonic()
             documents = list(self._view_documents(frame, table)) if self.views else []
             viewed = time.monotonic()
@@ -92,13 +89,17 @@ class SourceBatches:
         read = time.monotonic()
         if table.num_rows == 0:
             return
-        log_end = pc.max(table["next_offset"]).as_py()
-        checkpoint = {"epoch": self.epoch, "batch_id": batch_id, "log_end": log_end, "views": self.view_ids}
-        source_rows = self.source_rows(table)
+        checkpoint, source_rows = self._checkpoint(batch_id, table), self.source_rows(table)
         collected = time.monotonic()
         documents, columnar = self.one_job.documents(frame.sparkSession, table, projected, self.log_dir)
         self._commit(batch_id, table, documents, checkpoint, source_rows, (started, read, collected, time.monotonic()),
                      columnar)
+
+    def _checkpoint(self, batch_id: int, table: pa.Table) -> dict[str, Any]:
+        """The runtime checkpoint this batch commits with. `views`: the views whose state it includes (a view
+        missing here is backfilled)."""
+        log_end = pc.max(table["next_offset"]).as_py()
+        return {"epoch": self.epoch, "batch_id": batch_id, "log_end": log_end, "views": self.view_ids}
 
     def _commit(self, batch_id: int, table: pa.Table, documents: list[tuple[int, list[Any], dict[str, Any]]],
                 checkpoint: dict[str, Any], source_rows: StoreColumns,

@@ -28,7 +28,6 @@ from headrace.sql.views import KEY_FIELD, ROWS_FIELD, STATE_FIELD, ViewPlan
 _EXTREME_TYPES = {"int2": "BIGINT", "int4": "BIGINT", "int8": "BIGINT", "float4": "DOUBLE", "float8": "DOUBLE",
                   "numeric": "DOUBLE", "text": "VARCHAR", "varchar": "VARCHAR", "bool": "BOOLEAN",
                   "timestamptz": "BIGINT"}
-_canonical = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
 
 
 def columnar_reducible(plan: ViewPlan) -> bool:
@@ -42,7 +41,7 @@ def columnar_reducible(plan: ViewPlan) -> bool:
 def partials_table(plan: ViewPlan, grouped: pa.Table) -> pa.Table:
     """The grouped partials (k*, rows, contribution columns) with hr_key first: the canonical JSON of the group's
     key values, computed exactly as the document path computes it (so both paths address the same rows)."""
-    from headrace.pipeline.views import _from_doc
+    from headrace.pipeline.views import _canonical, _from_doc
 
     key_columns = [grouped[f"k{i}"].to_pylist() for i in range(len(plan.group_keys))]
     types = plan.group_key_types

@@ -16,7 +16,6 @@ On a cluster, the same contribution columns would be grouped per partition by ma
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pyarrow as pa
@@ -24,10 +23,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from headrace.sql.view_aggregates import KEEPS_NULLS, Aggregate, Maintenance
-from headrace.sql.views import KEY_FIELD, ROWS_FIELD, STATE_FIELD, ViewPlan
+from headrace.sql.views import ROWS_FIELD, ViewPlan
 
 ARROW_GROUPED = frozenset({Maintenance.COUNT, Maintenance.SUM, Maintenance.BOOL_COUNTS, Maintenance.EXTREME})
-_canonical = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
 
 
 def arrow_groupable(plan: ViewPlan) -> bool:
@@ -95,24 +93,12 @@ class GroupedProjection:
 
     def documents(self, table: pa.Table) -> list[tuple[list[Any], dict[str, Any]]]:
         """Partial documents of the projected changes `table` (this view's prefixed columns, maybe among others)."""
-        from headrace.pipeline.views import _from_doc, _partial_state
+        from headrace.pipeline.views import partial_document
 
         grouped = self.grouped(table)
         if grouped is None:
             return []
-        plan = self.plan
-        documents = []
-        for row in grouped.to_pylist():
-            key_values = [_from_doc(row[f"k{i}"], t) for i, t in enumerate(plan.group_key_types)]
-            key = _canonical(key_values)
-            state: dict[str, Any] = {ROWS_FIELD: row[ROWS_FIELD]}
-            for aggregate in plan.aggregates:
-                partial = _partial_state(aggregate, row)
-                if partial is not None:
-                    state[aggregate.field] = partial
-            documents.append(([key], {KEY_FIELD: key, **{f"k{i}": v for i, v in enumerate(key_values)},
-                                      STATE_FIELD: state}))
-        return documents
+        return [partial_document(self.plan, row) for row in grouped.to_pylist()]
 
     def grouped(self, table: pa.Table) -> pa.Table | None:
         """The projected changes grouped: k*, rows and each contribution under its partial-state name (a0_n, a1_s,

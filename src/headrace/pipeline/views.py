@@ -315,20 +315,21 @@ def _aggregate_documents(plan: ViewPlan, frame: DataFrame, translate: SparkExpre
         columns.extend(_partial_columns(aggregate, projected))  # type: ignore[arg-type]
     key_names = [f"k{i}" for i in range(len(keys))]
     grouped = frame.groupBy(*key_names).agg(*columns) if keys else frame.agg(*columns)
-    documents = []
-    for row in grouped.toArrow().to_pylist():
-        if row[ROWS_FIELD] is None:
-            continue  # a global aggregate over no changes
-        key_values = [_from_doc(row[f"k{i}"], t) for i, t in enumerate(plan.group_key_types)]
-        key = _canonical(key_values)
-        state: dict[str, Any] = {ROWS_FIELD: row[ROWS_FIELD]}
-        for aggregate in plan.aggregates:
-            partial = _partial_state(aggregate, row)
-            if partial is not None:
-                state[aggregate.field] = partial
-        doc: dict[str, Any] = {KEY_FIELD: key, **{f"k{i}": v for i, v in enumerate(key_values)}, STATE_FIELD: state}
-        documents.append(([key], doc))
-    return documents
+    return [partial_document(plan, row) for row in grouped.toArrow().to_pylist()
+            if row[ROWS_FIELD] is not None]  # None: a global aggregate over no changes
+
+
+def partial_document(plan: ViewPlan, row: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """([key], partial document) of one grouped row (k0.., the row count, each aggregate's partial columns),
+    whether Spark or pyarrow (pipeline/view_partials.py) grouped it."""
+    key_values = [_from_doc(row[f"k{i}"], t) for i, t in enumerate(plan.group_key_types)]
+    key = _canonical(key_values)
+    state: dict[str, Any] = {ROWS_FIELD: row[ROWS_FIELD]}
+    for aggregate in plan.aggregates:
+        partial = _partial_state(aggregate, row)
+        if partial is not None:
+            state[aggregate.field] = partial
+    return [key], {KEY_FIELD: key, **{f"k{i}": v for i, v in enumerate(key_values)}, STATE_FIELD: state}
 
 
 _SPARK_AGGREGATIONS = {"sum": lambda c: F.coalesce(F.sum(c), F.lit(0)), "min": F.min, "max": F.max}

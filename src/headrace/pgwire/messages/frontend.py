@@ -290,64 +290,76 @@ _unpack_int16 = _INT16.unpack_from
 _unpack_int32 = _INT32.unpack_from
 
 
-def _fast_string(body: bytes, start: int) -> tuple[str, int]:
-    """The NUL-terminated UTF-8 string at `start` and the offset after it (ValueError if none / invalid)."""
-    end = body.index(b"\0", start)
-    return body[start:end].decode("utf-8"), end + 1
+def _fast_string(buffer: bytes | bytearray, start: int, end: int) -> tuple[str, int]:
+    """The NUL-terminated UTF-8 string at `start` (before `end`) and the offset after it (ValueError if none /
+    invalid)."""
+    stop = buffer.index(0, start, end)
+    return buffer[start:stop].decode("utf-8"), stop + 1
 
 
-def _fast_int16_list(body: bytes, position: int) -> tuple[tuple[int, ...], int]:
-    count = _unpack_int16(body, position)[0]
+def _fast_int16_list(buffer: bytes | bytearray, position: int, end: int) -> tuple[tuple[int, ...], int]:
+    count = _unpack_int16(buffer, position)[0]
     position += 2
     if count == 0:
         return _EMPTY_TUPLE, position
-    if count < 0 or position + 2 * count > len(body):
+    if count < 0 or position + 2 * count > end:
         raise ValueError("bad count")
-    return struct.unpack_from(f"!{count}h", body, position), position + 2 * count
+    return struct.unpack_from(f"!{count}h", buffer, position), position + 2 * count
 
 
-def _fast_bind(body: bytes) -> FrontendMessage:
-    portal, position = _fast_string(body, 0)
-    statement, position = _fast_string(body, position)
-    param_formats, position = _fast_int16_list(body, position)
-    count = _unpack_int16(body, position)[0]
-    position += 2
+# Parse and Bind bodies are read in place, from a message body or from the decoder's buffer (peek_bound_group).
+
+def _parse_fields(buffer: bytes | bytearray, at: int, end: int) -> tuple[str, str, tuple[int, ...]]:
+    """(statement, sql, parameter type OIDs) of the Parse body at buffer[at:end]."""
+    statement, at = _fast_string(buffer, at, end)
+    sql, at = _fast_string(buffer, at, end)
+    count = _unpack_int16(buffer, at)[0]
+    at += 2
+    if count < 0 or at + 4 * count != end:
+        raise ValueError("bad count")
+    return statement, sql, struct.unpack_from(f"!{count}I", buffer, at) if count else _EMPTY_TUPLE
+
+
+def _bind_fields(buffer: bytes | bytearray, at: int,
+                 end: int) -> tuple[str, str, tuple[int, ...], tuple[bytes | None, ...], tuple[int, ...]]:
+    """(portal, statement, parameter formats, parameters, result formats) of the Bind body at buffer[at:end]."""
+    portal, at = _fast_string(buffer, at, end)
+    statement, at = _fast_string(buffer, at, end)
+    param_formats, at = _fast_int16_list(buffer, at, end)
+    count = _unpack_int16(buffer, at)[0]
+    at += 2
     if count < 0:
         raise ValueError("bad count")
     params: tuple[bytes | None, ...] = _NO_PARAMS
     if count:
         values: list[bytes | None] = []
         for _ in range(count):
-            size = _unpack_int32(body, position)[0]
-            position += 4
+            size = _unpack_int32(buffer, at)[0]
+            at += 4
             if size == -1:
                 values.append(None)
                 continue
-            end = position + size
-            if size < 0 or end > len(body):
+            if size < 0 or at + size > end:
                 raise ValueError("bad size")
-            values.append(body[position:end])
-            position = end
+            values.append(bytes(buffer[at:at + size]))
+            at += size
         params = tuple(values)
-    result_formats, position = _fast_int16_list(body, position)
-    if position != len(body):
+    result_formats, at = _fast_int16_list(buffer, at, end)
+    if at != end:
         raise ValueError("trailing bytes")
-    return Bind(portal, statement, param_formats, params, result_formats)
+    return portal, statement, param_formats, params, result_formats
+
+
+def _fast_bind(body: bytes) -> FrontendMessage:
+    return Bind(*_bind_fields(body, 0, len(body)))
 
 
 def _fast_parse(body: bytes) -> FrontendMessage:
-    statement, position = _fast_string(body, 0)
-    sql, position = _fast_string(body, position)
-    count = _unpack_int16(body, position)[0]
-    position += 2
-    if count < 0 or position + 4 * count != len(body):
-        raise ValueError("bad count")
-    param_types = struct.unpack_from(f"!{count}I", body, position) if count else _EMPTY_TUPLE
-    return Parse(statement, sql, param_types)
+    return Parse(*_parse_fields(body, 0, len(body)))
 
 
 def _fast_execute(body: bytes) -> FrontendMessage:
-    portal, position = _fast_string(body, 0)
+    portal, position = _fast_string(body, 0, len(body))
     if position + 4 != len(body):
         raise ValueError("bad length")
     return Execute(portal, _unpack_int32(body, position)[0])
@@ -355,14 +367,14 @@ def _fast_execute(body: bytes) -> FrontendMessage:
 
 def _fast_describe(body: bytes) -> FrontendMessage:
     kind = body[:1]
-    name, position = _fast_string(body, 1)
+    name, position = _fast_string(body, 1, len(body))
     if position != len(body) or kind not in (b"S", b"P"):
         raise ValueError("bad describe")
     return Describe("S" if kind == b"S" else "P", name)
 
 
 def _fast_query(body: bytes) -> FrontendMessage:
-    sql, position = _fast_string(body, 0)
+    sql, position = _fast_string(body, 0, len(body))
     if position != len(body):
         raise ValueError("trailing bytes")
     return Query(sql)
@@ -404,8 +416,6 @@ def peek_bound_group(buffer: bytes | bytearray, start: int = 0) -> BoundGroup | 
     reports any error). Reads the buffer in place: this runs once per query."""
     end = len(buffer)
     unpack_type = _TYPE_AND_LENGTH.unpack_from
-    unpack_int16 = _unpack_int16
-    unpack_int32 = _unpack_int32
     position = start
     try:
         type_byte, length = unpack_type(buffer, position)
@@ -415,51 +425,18 @@ def peek_bound_group(buffer: bytes | bytearray, start: int = 0) -> BoundGroup | 
             body_end = position + 1 + length
             if body_end > end:
                 return None
-            name_end = buffer.index(0, position + 5, body_end)
-            parsed_statement = buffer[position + 5:name_end].decode()
-            sql_end = buffer.index(0, name_end + 1, body_end)
-            parse_sql = buffer[name_end + 1:sql_end].decode()
-            count = unpack_int16(buffer, sql_end + 1)[0]
-            if count < 0 or sql_end + 3 + 4 * count != body_end:
-                return None
-            if count:
-                parse_types = struct.unpack_from(f"!{count}I", buffer, sql_end + 3)
+            parsed_statement, parse_sql, parse_types = _parse_fields(buffer, position + 5, body_end)
             position = body_end
             type_byte, length = unpack_type(buffer, position)
         if type_byte != b"B":
             return None
         body_end = position + 1 + length
-        if body_end > end or buffer[position + 5] != 0:  # a named portal: the general path
+        if body_end > end:
             return None
-        name_end = buffer.index(0, position + 6, body_end)
-        statement = buffer[position + 6:name_end].decode()
-        if parse_sql is not None and statement != parsed_statement:
-            return None
-        at = name_end + 1
-        count = unpack_int16(buffer, at)[0]
-        at += 2
-        param_formats = struct.unpack_from(f"!{count}h", buffer, at) if count else _EMPTY_TUPLE
-        at += 2 * count
-        count = unpack_int16(buffer, at)[0]
-        at += 2
-        params: tuple[bytes | None, ...] = _NO_PARAMS
-        if count:
-            values: list[bytes | None] = []
-            for _ in range(count):
-                size = unpack_int32(buffer, at)[0]
-                at += 4
-                if size == -1:
-                    values.append(None)
-                    continue
-                if size < 0 or at + size > body_end:
-                    return None
-                values.append(bytes(buffer[at:at + size]))
-                at += size
-            params = tuple(values)
-        count = unpack_int16(buffer, at)[0]
-        at += 2
-        result_formats = struct.unpack_from(f"!{count}h", buffer, at) if count else _EMPTY_TUPLE
-        if at + 2 * count != body_end or min(param_formats + result_formats, default=0) < 0:
+        portal, statement, param_formats, params, result_formats = _bind_fields(buffer, position + 5, body_end)
+        if portal or (parse_sql is not None and statement != parsed_statement):
+            return None  # a named portal, or another statement than the one parsed: the general path
+        if min(param_formats + result_formats, default=0) < 0:
             return None
         position = body_end
         describe = False
@@ -468,13 +445,23 @@ def peek_bound_group(buffer: bytes | bytearray, start: int = 0) -> BoundGroup | 
             position += 7
         if buffer[position:position + 6] != b"E\0\0\0\x09\0":  # Execute of the unnamed portal
             return None
-        max_rows = unpack_int32(buffer, position + 6)[0]
+        max_rows = _unpack_int32(buffer, position + 6)[0]
         position += 10
         if buffer[position:position + 5] != b"S\0\0\0\x04":
             return None
         return BoundGroup(statement, parse_sql, parse_types, param_formats, params, result_formats, describe,
                           max_rows, position + 5 - start)
     except (ValueError, IndexError, struct.error, UnicodeDecodeError):
+        return None
+
+
+def peek_query(data: bytes) -> Query | None:
+    """The Query that `data` is exactly (one whole message), else None."""
+    if len(data) < 6 or data[0] != 0x51 or _unpack_int32(data, 1)[0] != len(data) - 1:
+        return None
+    try:
+        return _fast_query(data[5:])  # type: ignore[return-value]
+    except (ValueError, UnicodeDecodeError):
         return None
 
 

@@ -10,19 +10,26 @@ of one huge batch. Spark 4.1's Python sources have no admission control (it come
 counts from the end it offered last; after a restart Spark resumes from its checkpoint, which the pipeline
 passes as `resumeOffset` (the log end its last committed batch reached) so the first cap counts from there.
 
-Each batch is split at record boundaries into up to `partitions` offset ranges of at least
-MIN_RECORDS_PER_PARTITION records (the boundaries were seen while scanning), read in parallel; `toArrow` returns partitions in order, so rows stay in log order. `read`
-yields Arrow record batches: one Python->JVM conversion per few thousand records instead of per row."""
+A large batch is split at record boundaries into up to `partitions` offset ranges of at least
+MIN_RECORDS_PER_PARTITION records (the boundaries were seen while scanning), read in parallel by Spark tasks in
+Python workers; `toArrow` returns partitions in order, so rows stay in log order. A batch of one partition (every
+batch of a source that keeps up) is read instead by the driver-side reader itself, which hands the rows to the JVM
+with the partition (`getCache`, the path Spark has for its simple readers): the batch's task then reads them from
+Spark's block manager and no Python worker task is launched. Measured at 5k events/s on local[2]: the micro-batch's
+Spark job 0.3-0.45 s -> 0.1-0.15 s, freshness p50 ~0.9 s -> ~0.5 s. Both yield Arrow record batches: one
+Python->JVM conversion per few thousand records instead of per row."""
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource_internal import _SimpleStreamReaderWrapper
 
 from headrace.log.reader import read_records, scan_end
 from headrace.log.segments import CLEAN_ENDS, FrameScanner, list_segments, segment_path
@@ -84,7 +91,37 @@ def scan_capped(directory: Path, start: int, max_records: int,
     return position, boundaries
 
 
-class LogStreamReader(DataSourceStreamReader):
+def arrow_batches(directory: Path, start: int, end: int) -> Iterator[pa.RecordBatch]:
+    """The records in [start, end) as Arrow record batches of ARROW_SCHEMA, in log order."""
+    def rows() -> Iterator[tuple[Any, ...]]:
+        for offset, payload in read_records(directory, start, end):
+            received_at_us, key, header_text, body, prev_offset = decode_fields(payload)
+            yield offset, offset + RECORD_FRAME_BYTES + len(payload), prev_offset, received_at_us, key, header_text, body
+
+    return record_batches(rows(), ARROW_SCHEMA)
+
+
+def record_batches(rows: Iterator[tuple[Any, ...]], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Rows as Arrow record batches of up to ARROW_BATCH_ROWS rows (transposed per chunk by zip: 4x faster than
+    appending each value to its column)."""
+    while chunk := list(islice(rows, ARROW_BATCH_ROWS)):
+        yield pa.RecordBatch.from_arrays([pa.array(c, t) for c, t in zip(zip(*chunk), schema.types)], schema=schema)
+
+
+class DriverSideReads(_SimpleStreamReaderWrapper):
+    """A stream reader that may read a batch itself, in the driver-side Python process, and hand Spark its rows.
+
+    Spark's Python streaming runner sends a batch's rows with its (single) partition to the JVM, which keeps them in
+    its block manager so the batch's one task reads them from there, only for readers of this class (its wrapper of
+    simple readers). Subclasses override every method of the wrapper, which is only what the runner recognises
+    (pyspark is pinned: pyproject.toml). `getCache(start, end)` returns the rows, or None to have Spark's tasks
+    `read` the partitions."""
+
+    def getCache(self, start: dict[str, int], end: dict[str, int]) -> Iterator[pa.RecordBatch] | None:  # type: ignore[override]
+        raise NotImplementedError
+
+
+class LogStreamReader(DriverSideReads):
     def __init__(self, path: str, start_offset: int, resume_offset: int | None = None,
                  max_records: int = DEFAULT_MAX_RECORDS_PER_BATCH, partitions: int = DEFAULT_PARTITIONS) -> None:
         self.path = path
@@ -128,25 +165,15 @@ class LogStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LogRange)
-        columns: list[list[Any]] = [[] for _ in ARROW_SCHEMA.names]
-        offsets, nexts, prevs, received, keys, headers, bodies = columns
-        for offset, payload in read_records(Path(self.path), partition.start, partition.end):
-            received_at_us, key, header_text, body, prev_offset = decode_fields(payload)
-            offsets.append(offset)
-            nexts.append(offset + RECORD_FRAME_BYTES + len(payload))
-            prevs.append(prev_offset)
-            received.append(received_at_us)
-            keys.append(key)
-            headers.append(header_text)
-            bodies.append(body)
-            if len(offsets) >= ARROW_BATCH_ROWS:
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(c, t) for c, t in zip(columns, ARROW_SCHEMA.types)], schema=ARROW_SCHEMA)
-                for column in columns:
-                    column.clear()
-        if offsets:
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(c, t) for c, t in zip(columns, ARROW_SCHEMA.types)], schema=ARROW_SCHEMA)
+        return arrow_batches(Path(self.path), partition.start, partition.end)
+
+    def getCache(self, start: dict[str, int], end: dict[str, int]) -> Iterator[pa.RecordBatch] | None:  # type: ignore[override]
+        """A one-partition batch, read here in the driver-side Python process (see module docstring); None for a
+        larger one, which Spark's tasks read in parallel (`read`)."""
+        first, last = start["offset"], end["offset"]
+        if last <= first or len(self.partitions(start, end)) != 1:
+            return None
+        return iter(list(arrow_batches(Path(self.path), first, last)))
 
     def commit(self, end: dict[str, int]) -> None:
         """Boundaries before the committed end are no longer needed (log retention comes with the window)."""

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql.streaming import StreamingQueryListener
+
 from headrace.catalog.items import WebhookSource
 from headrace.catalog.views import MaterializedView
 from headrace.materialize.protocol import MaterializationSpec
@@ -29,7 +31,7 @@ from headrace.materialize.reduce import combine_lww, reducer_for_schema
 from headrace.materialize.runtime import Runtime, RpcDriverConnection
 from headrace.materialize.sources import source_binding
 from headrace.materialize.transport import FrameSocket
-from headrace.pipeline.batches import SourceBatches, discard_checkpoint_ahead_of_store
+from headrace.pipeline.batches import SLOW_BATCH_S, SourceBatches, discard_checkpoint_ahead_of_store
 from headrace.pipeline.log_source import HeadraceLogSource
 from headrace.pipeline.view_changes import SourceView, backfill_documents, compile_source_views, derived_bindings
 from headrace.sql.ddl import item_from_create_sql
@@ -123,7 +125,29 @@ def build_spark(master: str, data_dir: Path) -> Any:
     from headrace.pipeline.table_batches import HeadraceTableLogSource  # tables' logs
 
     spark.dataSource.register(HeadraceTableLogSource)
+    spark.streams.addListener(SlowTriggerLog())
     return spark
+
+
+class SlowTriggerLog(StreamingQueryListener):
+    """Logs Spark's own phases (latestOffset, walCommit, addBatch = foreachBatch, commitOffsets, ...) of a trigger
+    slower than HEADRACE_SLOW_BATCH_S: the part of a batch's time that foreachBatch (batches.py) cannot see."""
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        durations = progress.durationMs
+        if durations.get("triggerExecution", 0) / 1000 > SLOW_BATCH_S:
+            log.warning("%s: trigger of batch %d (%d rows): %s", progress.name, progress.batchId,
+                        progress.numInputRows, " ".join(f"{k} {v}" for k, v in sorted(durations.items())))
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
 
 
 class Pipeline:

@@ -17,16 +17,17 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from headrace.catalog.tables import Table
 from headrace.log.reader import read_records, scan_end
 from headrace.materialize.runtime import Runtime
+from headrace.pipeline.log_source import RECORD_FRAME_BYTES, DriverSideReads, record_batches
 from headrace.store.table_log import DELETE, Document, RowChange, decode_changes
 from headrace.store.table_reads import table_binding
 
 log = logging.getLogger(__name__)
-RECORD_FRAME_BYTES = 8
 SCHEMA = "log_offset long, next_offset long, payload binary"
 
 
@@ -36,7 +37,13 @@ class _Range(InputPartition):
         self.end = end
 
 
-class TableLogStreamReader(DataSourceStreamReader):
+TABLE_ARROW_SCHEMA = pa.schema([("log_offset", pa.int64()), ("next_offset", pa.int64()), ("payload", pa.binary())])
+
+
+class TableLogStreamReader(DriverSideReads):
+    """Each batch is one partition, read by the driver-side reader itself (log_source.DriverSideReads: no Python
+    worker task per batch)."""
+
     def __init__(self, path: str, start_offset: int) -> None:
         self.path = path
         self.start_offset = start_offset
@@ -54,10 +61,17 @@ class TableLogStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return [] if end["offset"] <= start["offset"] else [_Range(start["offset"], end["offset"])]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _Range)
-        for offset, payload in read_records(Path(self.path), partition.start, partition.end):
-            yield offset, offset + RECORD_FRAME_BYTES + len(payload), payload
+        return self._batches(partition.start, partition.end)
+
+    def getCache(self, start: dict[str, int], end: dict[str, int]) -> Iterator[pa.RecordBatch] | None:  # type: ignore[override]
+        return iter(list(self._batches(start["offset"], end["offset"]))) if end["offset"] > start["offset"] else None
+
+    def _batches(self, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        rows = ((offset, offset + RECORD_FRAME_BYTES + len(payload), payload)
+                for offset, payload in read_records(Path(self.path), start, end))
+        return record_batches(rows, TABLE_ARROW_SCHEMA)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to release: a table's log is its history."""

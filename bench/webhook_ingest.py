@@ -4,7 +4,7 @@
 
 Three receivers, each its own process on this machine, each driven by the same load generators:
 - headrace (`headrace up`, a source with IDEMPOTENT on the Idempotency-Key header; its Spark pipeline runs,
-  at nice 10; requests are served by the httptools fast path of http/fast_ingest.py);
+  at idle CPU priority, SCHED_IDLE; requests are served by the httptools fast path of http/fast_ingest.py);
 - the ceiling: a no-op aiohttp POST handler (reads the body, answers 200);
 - the PostgreSQL peer: aiohttp + asyncpg doing INSERT ... ON CONFLICT DO NOTHING per request into a
   PostgreSQL 15 started here (throwaway cluster in a temp dir, as the postgres user, synchronous_commit on).
@@ -15,8 +15,8 @@ the target, the ratio to the uvloop no-op says how much of the gap the loop alon
 Throughput: wrk -t1 (Lua script: a fresh Idempotency-Key per request, ~100-byte JSON). Latency: an
 open-loop asyncio client at half of each receiver's measured maximum (wrk2 is not packaged), latency
 counted from each request's scheduled send time so a stall is not hidden (no coordinated omission).
-headrace's latency is measured twice: right after the throughput burst, while its pipeline (at nice
-10) still works through the burst's rows, and again once it has caught up (the steady state at half
+headrace's latency is measured twice: right after the throughput burst, while its pipeline (at idle
+priority) still works through the burst's rows, and again once it has caught up (the steady state at half
 the rate, the pipeline keeping up with it). Also prints, for headrace, how long the pipeline takes
 to catch up with the burst, then freshness (200 -> visible in SELECT) at 10 requests/s, and the CPU
 each receiver spent per request during its throughput run (from /proc: steadier than req/s on a
@@ -118,19 +118,6 @@ def session_pids(session: int) -> list[int]:
             if int(fields[3]) == session:
                 pids.append(int(entry))
     return pids
-
-
-def idle_scheduling(pids: list[int]) -> int:
-    """Put every thread of these processes in SCHED_IDLE (threads they start later inherit it)."""
-    count = 0
-    for pid in pids:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
-                count += 1
-            except (ProcessLookupError, PermissionError):
-                pass
-    return count
 
 
 class CpuMeter:
@@ -371,9 +358,9 @@ def main() -> None:
     parser.add_argument("--freshness-samples", type=int, default=50)
     parser.add_argument("--warmup", type=float, default=15, help="seconds for Spark to start its queries")
     parser.add_argument("--skip-peers", action="store_true", help="headrace only (a quicker before/after check)")
-    parser.add_argument("--pipeline-sched-idle", action="store_true",
-                        help="an experiment, not headrace's behaviour: run the pipeline's threads at SCHED_IDLE "
-                             "(instead of nice 10) to see how much of the latency tail its CPU use causes")
+    parser.add_argument("--pipeline-priority", help="an experiment: HEADRACE_PIPELINE_PRIORITY for the server (a "
+                        "niceness, e.g. 10, instead of the default SCHED_IDLE) to see how much of the latency tail "
+                        "the pipeline's CPU use causes")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install wrk")
@@ -381,6 +368,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         workdir = Path(temporary)
         results: dict[str, float] = {}
+        if args.pipeline_priority is not None:
+            os.environ["HEADRACE_PIPELINE_PRIORITY"] = args.pipeline_priority
+            print(f"(experiment: the pipeline at niceness {args.pipeline_priority})", flush=True)
         server = HeadraceProcess(workdir / "data")
         server.start()
         try:
@@ -390,10 +380,6 @@ def main() -> None:
                 conn.execute("CREATE SOURCE fresh FROM WEBHOOK BODY FORMAT JSON IDEMPOTENT (body->>'seq')")
             time.sleep(args.warmup)
             assert server.process is not None
-            if args.pipeline_sched_idle:
-                pipeline = [pid for pid in session_pids(server.process.pid) if pid != server.process.pid]
-                threads = idle_scheduling(pipeline)
-                print(f"(experiment: {threads} pipeline threads at SCHED_IDLE)", flush=True)
             server_cpu = CpuMeter([server.process.pid])
             pipeline_cpu = CpuMeter([pid for pid in session_pids(server.process.pid) if pid != server.process.pid])
             with FsyncProbe(workdir) as disk:

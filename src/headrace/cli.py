@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="pgwire authentication: trust | password | scram-sha-256, or first-match rules "
                          "[USER@]HOSTS=METHOD,... with HOSTS all, loopback or a CIDR "
                          "(default: loopback=trust,all=scram-sha-256)")
+    up.add_argument("--store-threads", type=int, default=None,
+                    help="DuckDB worker threads of the serving store (default: one per core but one, which is left "
+                         "to the server's event loop)")
     webhook = up.add_argument_group("webhook settings (docs/webhooks.md#settings)")
     webhook.add_argument("--webhook-max-body-bytes", type=int, default=5 << 20,
                          help="larger request bodies (after gzip/deflate decoding) get 413 (default 5 MiB)")
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
             run(ServerConfig(data_dir=args.data_dir, host=args.host, pg_port=args.pg_port,
                              http_port=args.http_port, spark_master=args.spark_master,
                              tls_cert=args.tls_cert, tls_key=args.tls_key, auth=args.auth,
-                             webhook=webhook_settings))
+                             webhook=webhook_settings, store_threads=args.store_threads))
         except DataDirLocked as exc:
             print(f"headrace: {exc}", file=sys.stderr)
             sys.exit(1)

@@ -27,7 +27,7 @@ from headrace.materialize.drivers.serving import ServingConnector, ServingTransa
 from headrace.pgwire.auth import parse_auth_rules
 from headrace.pgwire.security import SecurityConfig, make_tls_context
 from headrace.pgwire.server import start_pgwire_server
-from headrace.pipeline.supervisor import PipelineSupervisor
+from headrace.pipeline.supervisor import PipelineSupervisor, lower_apply_thread_priority
 from headrace.sql.ddl import item_from_create_sql
 from headrace.store.serving import ServingStore
 from headrace.store.system_tables import SystemTables
@@ -47,6 +47,7 @@ class ServerConfig:
     tls_key: Path | None = None
     auth: str = "loopback=trust,all=scram-sha-256"  # pgwire authentication rules (pgwire/auth.py)
     webhook: IngestSettings = IngestSettings()  # limits, group commit, request log (docs/webhooks.md)
+    store_threads: int | None = None  # DuckDB's threads; None: one per core but one (store/serving.py)
 
 
 class DataDirLocked(Exception):
@@ -84,7 +85,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     lock = lock_data_dir(config.data_dir)
     layout = DataLayout(config.data_dir.resolve())
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headrace-store")
-    store = ServingStore(layout.store_file)
+    store = ServingStore(layout.store_file, threads=config.store_threads)
     registry = IngestRegistry(config.webhook)
     # HTTP first: webhooks get 503 + Retry-After while the sources (and their indexes) open.
     web_state = ServerState()
@@ -97,8 +98,11 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     web_state.ready = True
     _remove_orphans(layout, {item.id for item in [*catalog.sources(), *catalog.tables()]})
 
+    # The pipeline's commits are applied at the pipeline's lower priority (pipeline/supervisor.py).
+    apply_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="headrace-apply",
+                                        initializer=lower_apply_thread_priority)
     driver_server = await start_driver_server("127.0.0.1", 0, lambda _open: ServingTransactor(store),
-                                              connector=ServingConnector(store))
+                                              executor=apply_executor, connector=ServingConnector(store))
     driver_address = driver_server.sockets[0].getsockname()[:2]
     supervisor = PipelineSupervisor(layout.root, config.spark_master, driver_address)
     roles = RoleCatalog(layout.root)
@@ -137,6 +141,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
         await registry.close_all()
         await coordinator.tables.close_all()
         executor.shutdown(wait=True)
+        apply_executor.shutdown(wait=True)
         store.close()
         os.close(lock)
 

@@ -125,13 +125,17 @@ def build_spark(master: str, data_dir: Path) -> Any:
     from headrace.pipeline.table_batches import HeadraceTableLogSource  # tables' logs
 
     spark.dataSource.register(HeadraceTableLogSource)
-    spark.streams.addListener(SlowTriggerLog())
+    if "HEADRACE_SLOW_BATCH_S" in os.environ:  # diagnostics only: see SlowTriggerLog
+        spark.streams.addListener(SlowTriggerLog())
     return spark
 
 
 class SlowTriggerLog(StreamingQueryListener):
     """Logs Spark's own phases (latestOffset, walCommit, addBatch = foreachBatch, commitOffsets, ...) of a trigger
-    slower than HEADRACE_SLOW_BATCH_S: the part of a batch's time that foreachBatch (batches.py) cannot see."""
+    slower than HEADRACE_SLOW_BATCH_S: the part of a batch's time that foreachBatch (batches.py) cannot see.
+
+    Registered only when that variable is set: a Python listener costs the JVM's listener thread ~25% of a core at
+    3 micro-batches/s (each progress event is converted for Python through py4j), CPU the server's requests need."""
 
     def onQueryStarted(self, event: Any) -> None:
         pass

@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from headrace.catalog.items import WebhookSource
@@ -29,22 +28,12 @@ STOP_GRACE_S = 15.0
 # - a number: that niceness (10 was the default before "idle"; 0 is normal priority, freshness first on a
 #   machine busy with other work).
 PIPELINE_PRIORITY = os.environ.get("HEADRACE_PIPELINE_PRIORITY", os.environ.get("HEADRACE_PIPELINE_NICENESS", "idle"))
-# The server's side of the pipeline's work (applying its commits to the store) runs at this niceness.
-APPLY_NICENESS = 10
-
-
 def _lower_priority() -> None:
     """Runs in the forked child before exec (so the JVM it starts inherits it)."""
     if PIPELINE_PRIORITY == "idle":
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     elif int(PIPELINE_PRIORITY):
         os.nice(int(PIPELINE_PRIORITY))
-
-
-def lower_apply_thread_priority() -> None:
-    """ThreadPoolExecutor initializer of the threads that apply the pipeline's commits in the server (a Linux
-    thread has its own niceness): the store's work for the pipeline yields to requests as the pipeline does."""
-    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), APPLY_NICENESS)
 
 
 class PipelineSupervisor:

@@ -9,8 +9,8 @@ import gc
 import logging
 import os
 import shutil
-import threading
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass

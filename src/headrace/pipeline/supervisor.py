@@ -23,11 +23,13 @@ STOP_GRACE_S = 15.0
 # the server, so a request never waits for a core behind Spark (throughput and ack latency against freshness under
 # load; docs/webhooks.md). HEADRACE_PIPELINE_PRIORITY:
 # - "idle" (default): Linux SCHED_IDLE, the pipeline runs on CPU the server leaves idle and a waking server thread
-#   takes a core from it at once. Measured at 5,000 webhooks/s on 2 cores: ack p99 8-18 ms, against 19-51 ms at
-#   nice 10 (a niced task keeps its core until its slice ends).
+#   takes a core from it at once (a niced task keeps its core until its slice ends). Measured at 5,000 webhooks/s
+#   on 2 cores: ack p99 16-35 ms, against 19-51 ms at nice 10.
 # - a number: that niceness (10 was the default before "idle"; 0 is normal priority, freshness first on a
 #   machine busy with other work).
 PIPELINE_PRIORITY = os.environ.get("HEADRACE_PIPELINE_PRIORITY", os.environ.get("HEADRACE_PIPELINE_NICENESS", "idle"))
+
+
 def _lower_priority() -> None:
     """Runs in the forked child before exec (so the JVM it starts inherits it)."""
     if PIPELINE_PRIORITY == "idle":

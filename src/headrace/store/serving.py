@@ -102,8 +102,8 @@ class Snapshot:
 def default_threads() -> int:
     """DuckDB's worker threads by default: a core is left to the server's event loop. DuckDB's workers run at the
     priority of the thread that opened the database, so the work of a query run at a lower priority (the
-    pipeline's commits) would still compete with the loop on them; measured at 5,000 webhooks/s on 2 cores,
-    ack p99 8-18 ms with 1 thread against 17-30 ms with 2."""
+    pipeline's commits) would still compete with the loop on them; measured at 5,000 webhooks/s on 2 cores
+    (pipeline at SCHED_IDLE, its commits niced), ack p99 8-18 ms with 1 thread against 17-30 ms with 2."""
     return max(1, (os.cpu_count() or 2) - 1)
 
 

@@ -19,6 +19,9 @@ fi
 if ! command -v psql >/dev/null 2>&1 || ! command -v pgbench >/dev/null 2>&1; then
   need_apt+=(postgresql-client)  # psql, and pgbench for tests/e2e/test_pgbench.py
 fi
+if ! command -v redis-server >/dev/null 2>&1; then
+  need_apt+=(redis-server)  # tests/materialize/drivers: the REDIS sink driver against a real server
+fi
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   need_apt+=(python3-venv)
 fi

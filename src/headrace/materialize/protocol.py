@@ -69,6 +69,9 @@ class Binding:
 class MaterializationSpec:
     name: str
     bindings: tuple[Binding, ...]
+    # The endpoint's configuration (Flow's config_json): what the driver connects to (a URL, a path, headers).
+    # Secrets in it are already resolved: it travels to the driver and is never logged or shown.
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +145,7 @@ class Validate:
     TYPE: ClassVar[str] = "Validate"
     name: str
     bindings: tuple[ValidateBinding, ...]
+    config: dict[str, Any] = field(default_factory=dict, repr=False)  # the endpoint's, as in MaterializationSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +360,7 @@ def _spec_to_wire(spec: MaterializationSpec) -> dict[str, Any]:
              "column_types": b.column_types, "delta_updates": b.delta_updates}
             for b in spec.bindings
         ],
+        "config": spec.config,
     }
 
 
@@ -365,7 +370,7 @@ def _spec_from_wire(d: dict[str, Any]) -> MaterializationSpec:
                 column_types=dict(b["column_types"]), delta_updates=bool(b.get("delta_updates", False)))
         for b in d["bindings"]
     )
-    return MaterializationSpec(name=d["name"], bindings=bindings)
+    return MaterializationSpec(name=d["name"], bindings=bindings, config=d.get("config") or {})
 
 
 def _control_to_wire(msg: Message) -> dict[str, Any] | None:
@@ -377,7 +382,7 @@ def _control_to_wire(msg: Message) -> dict[str, Any] | None:
     if isinstance(msg, Validate):
         return {"type": "Validate", "name": msg.name, "bindings": [
             {"resource_path": list(b.resource_path), "key": list(b.key), "fields": b.fields,
-             "delta_updates": b.delta_updates, "backfill": b.backfill} for b in msg.bindings]}
+             "delta_updates": b.delta_updates, "backfill": b.backfill} for b in msg.bindings], "config": msg.config}
     if isinstance(msg, Validated):
         return {"type": "Validated", "bindings": [
             {"resource_path": list(b.resource_path), "delta_updates": b.delta_updates,
@@ -403,7 +408,7 @@ def _control_from_wire(kind: str, d: dict[str, Any]) -> Message | None:
         return Validate(name=d["name"], bindings=tuple(
             ValidateBinding(tuple(b["resource_path"]), tuple(b["key"]), dict(b["fields"]),
                             bool(b.get("delta_updates", False)), int(b.get("backfill", 0)))
-            for b in d["bindings"]))
+            for b in d["bindings"]), config=d.get("config") or {})
     if kind == "Validated":
         return Validated(bindings=tuple(
             ValidatedBinding(tuple(b["resource_path"]),

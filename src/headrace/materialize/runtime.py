@@ -228,7 +228,7 @@ class Runtime:
         spec if it selects a forbidden or incompatible field or omits a required one (InvalidFieldSelection)."""
         proposals = tuple(bindings) if bindings is not None else tuple(validate_binding_of(b)
                                                                         for b in self.spec.bindings)
-        validated = self._control(Validate(self.spec.name, proposals), Validated)
+        validated = self._control(Validate(self.spec.name, proposals, self.spec.config), Validated)
         assert isinstance(validated, Validated)
         check_field_selection(self.spec, validated)
         return validated

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from headrace.catalog.items import DEFAULT_SCHEMA, Secret, WebhookSource
 from headrace.catalog.secrets import SecretStore
+from headrace.catalog.sinks import Connection, Sink
 from headrace.catalog.tables import Table
 from headrace.catalog.views import MaterializedView
 from headrace.durable import replace_file_durably
@@ -38,6 +39,8 @@ class Catalog:
         self._secrets: dict[str, Secret] = {}
         self._views: dict[str, MaterializedView] = {}  # CREATE MATERIALIZED VIEW (coordinator/views.py)
         self._tables: dict[str, Table] = {}  # CREATE TABLE (coordinator/tables.py), rebuilt from create_sql
+        self._connections: dict[str, Connection] = {}  # CREATE CONNECTION (coordinator/sinks.py)
+        self._sinks: dict[str, Sink] = {}  # CREATE SINK (coordinator/sinks.py, sink/)
         self.secret_values = secrets if secrets is not None else SecretStore(data_dir)
         if self._path.exists():
             stored = json.loads(self._path.read_text())
@@ -56,6 +59,15 @@ class Catalog:
 
                 table = table_from_create_sql(entry["id"], entry["create_sql"])
                 self._tables[table.id] = table
+            if stored.get("connections") or stored.get("sinks"):
+                from headrace.sql.sink_statements import connection_from_create_sql, sink_from_create_sql
+
+                for entry in stored.get("connections", ()):
+                    connection = connection_from_create_sql(entry["id"], entry["create_sql"])
+                    self._connections[connection.id] = connection
+                for entry in stored.get("sinks", ()):
+                    sink = sink_from_create_sql(entry["id"], entry["create_sql"])
+                    self._sinks[sink.id] = sink
         self.secret_values.retain(set(self._secrets))
 
     def allocate_id(self) -> str:
@@ -124,6 +136,39 @@ class Catalog:
             self._tables.pop(table_id, None)
             self._persist()
 
+    # ---- connections and sinks -------------------------------------------------------------------
+    def connections(self) -> list[Connection]:
+        return sorted(self._connections.values(), key=lambda item: int(item.id[1:]))
+
+    def find_connection(self, schema: str, name: str) -> Connection | None:
+        return next((c for c in self._connections.values() if c.schema == schema and c.name == name), None)
+
+    def add_connection(self, connection: Connection) -> None:
+        with self._lock:
+            self._connections[connection.id] = connection
+            self._persist()
+
+    def remove_connection(self, connection_id: str) -> None:
+        with self._lock:
+            self._connections.pop(connection_id, None)
+            self._persist()
+
+    def sinks(self) -> list[Sink]:
+        return sorted(self._sinks.values(), key=lambda item: int(item.id[1:]))
+
+    def find_sink(self, schema: str, name: str) -> Sink | None:
+        return next((s for s in self._sinks.values() if s.schema == schema and s.name == name), None)
+
+    def add_sink(self, sink: Sink) -> None:
+        with self._lock:
+            self._sinks[sink.id] = sink
+            self._persist()
+
+    def remove_sink(self, sink_id: str) -> None:
+        with self._lock:
+            self._sinks.pop(sink_id, None)
+            self._persist()
+
     # ---- secrets --------------------------------------------------------------------------------
     def secrets(self) -> list[Secret]:
         return sorted(self._secrets.values(), key=lambda item: int(item.id[1:]))
@@ -172,5 +217,7 @@ class Catalog:
             "secrets": [{"id": secret.id, "name": secret.name, "schema": secret.schema} for secret in self.secrets()],
             "views": [view.to_entry() for view in self.views()],
             "tables": [table.to_entry() for table in self.tables()],
+            "connections": [connection.to_entry() for connection in self.connections()],
+            "sinks": [sink.to_entry() for sink in self.sinks()],
         }
         replace_file_durably(self._path, json.dumps(document, indent=1).encode())

@@ -20,6 +20,10 @@ control requests Spec, Validate and Apply); `serve_driver_connection` runs the l
 Blocking transactor methods run in `executor`, one at a time per connection, so DuckDB work never blocks the
 event loop. Any exception sends {"type": "Error", "message": ...} and ends the connection (after letting the
 runtime read it); the transactor is closed (rolling back anything uncommitted) whenever the connection ends.
+
+The loop talks to the runtime through a `MessageChannel` (receive a burst of requests, send responses, send the
+final Error, linger, close), so every transport runs exactly this loop: `TcpChannel` here (framed JSON over
+asyncio streams, transport.py) and the gRPC stream of `materialize/rpc/server.py`.
 """
 
 from __future__ import annotations
@@ -72,6 +76,72 @@ _DISCARD_CHUNK = 256 * 1024
 _T = TypeVar("_T")
 
 
+class MessageChannel(Protocol):
+    """One runtime connection as the connection loop sees it. Only the loop calls receive() and close(); send() and
+    send_error() are also called by its background acknowledgement, so they may overlap and must keep each write
+    whole (TCP appends whole frames to one buffer; the gRPC channel serializes its writes)."""
+
+    async def receive(self) -> Iterable[Any] | None:
+        """The next burst of requests (at least one; decoding may be deferred to iteration, so a malformed message
+        fails where it stands in the burst), or None when the runtime ended the stream. ConnectionError: the
+        runtime went away uncleanly."""
+        ...
+
+    async def send(self, responses: list[Response]) -> None:
+        """Write responses in order, awaiting back-pressure."""
+        ...
+
+    async def send_error(self, error: ErrorResponse) -> None:
+        """Best effort: write the final Error and end the response stream (nothing is sent after it)."""
+        ...
+
+    async def linger(self) -> None:
+        """After an Error: give the runtime (bounded) time to read it before the connection is closed."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class TcpChannel:
+    """A MessageChannel over asyncio streams carrying transport.py frames."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._frames = FrameReader(reader)
+
+    async def receive(self) -> Iterable[Any] | None:
+        burst = await self._frames.read_frames()
+        return None if burst is None else (from_wire(frame) for frame in burst)
+
+    async def send(self, responses: list[Response]) -> None:
+        if len(responses) == 1:
+            write_frame(self._writer, to_wire(responses[0]))
+        else:
+            write_frames(self._writer, [to_wire(r) for r in responses])
+        await self._writer.drain()
+
+    async def send_error(self, error: ErrorResponse) -> None:
+        with suppress(ConnectionError, RuntimeError):
+            write_frame(self._writer, to_wire(error))
+            await self._writer.drain()
+            if self._writer.can_write_eof():
+                self._writer.write_eof()
+
+    async def linger(self) -> None:
+        """Discard what the runtime still sends until it hangs up (bounded). Closing a socket with unread data
+        resets the connection, which can destroy the Error before the runtime reads it."""
+        with suppress(ConnectionError, TimeoutError):
+            async with asyncio.timeout(LINGER_SECONDS):
+                while await self._reader.read(_DISCARD_CHUNK):
+                    pass
+
+    async def close(self) -> None:
+        self._writer.close()
+        with suppress(ConnectionError, RuntimeError):
+            await self._writer.wait_closed()
+
+
 class Transactor(Protocol):
     """What a driver implements. Methods block; the connection loop calls them one at a time, in order:
     open, then per transaction: acknowledge, load (only after the previous commit), store..., start_commit."""
@@ -106,7 +176,13 @@ async def serve_driver_connection(reader: asyncio.StreamReader, writer: asyncio.
                                   transactor_factory: TransactorFactory, executor: Executor | None = None,
                                   connector: Connector | None = None) -> None:
     """Serve one runtime connection until it closes or fails (see module docstring)."""
-    await _DriverSession(reader, writer, transactor_factory, executor, connector).run()
+    await serve_channel(TcpChannel(reader, writer), transactor_factory, executor, connector)
+
+
+async def serve_channel(channel: MessageChannel, transactor_factory: TransactorFactory,
+                        executor: Executor | None = None, connector: Connector | None = None) -> None:
+    """Run the connection loop over any transport's channel until the runtime ends it or it fails."""
+    await _DriverSession(channel, transactor_factory, executor, connector).run()
 
 
 async def start_driver_server(host: str, port: int, transactor_factory: TransactorFactory,
@@ -121,14 +197,13 @@ async def start_driver_server(host: str, port: int, transactor_factory: Transact
 
 
 class _DriverSession:
-    """State of one connection: lifecycle, transactor, staged Loads/Stores, background acknowledgement."""
+    """State of one connection: lifecycle, transactor, staged Loads/Stores, background acknowledgement, over a
+    MessageChannel."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 transactor_factory: TransactorFactory, executor: Executor | None,
+    def __init__(self, channel: MessageChannel, transactor_factory: TransactorFactory, executor: Executor | None,
                  connector: Connector | None = None) -> None:
         self._connector = connector
-        self._reader = reader
-        self._writer = writer
+        self._channel = channel
         self._factory = transactor_factory
         self._executor = executor
         self._lifecycle = TransactionLifecycle()
@@ -140,25 +215,24 @@ class _DriverSession:
         self._failed = False
 
     async def run(self) -> None:
-        frames = FrameReader(self._reader)
         try:
             while not self._failed:
                 try:
-                    burst = await frames.read_frames()
+                    burst = await self._channel.receive()
                 except ConnectionError as exc:  # only the runtime's side going away; driver errors go below
                     logger.info("runtime connection lost: %s", exc)
                     return
                 if burst is None:
                     return  # the runtime hung up; an open transaction is abandoned by _shut_down
-                for frame in burst:
+                for request in burst:
                     if self._failed:
                         break
-                    await self._dispatch(from_wire(frame))
+                    await self._dispatch(request)
         except Exception as exc:
             await self._fail(exc)
         finally:
             if self._failed:
-                await self._linger()
+                await self._channel.linger()
             await self._shut_down()
 
     async def _dispatch(self, request: Any) -> None:
@@ -235,11 +309,7 @@ class _DriverSession:
             return
         for response in responses:
             self._lifecycle.on_response(response)
-        if len(responses) == 1:
-            write_frame(self._writer, to_wire(responses[0]))
-        else:
-            write_frames(self._writer, [to_wire(r) for r in responses])
-        await self._writer.drain()
+        await self._channel.send(responses)
 
     async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -256,19 +326,7 @@ class _DriverSession:
         self._failed = True
         message = str(exc) if isinstance(exc, HeadraceError) else f"{type(exc).__name__}: {exc}"
         logger.warning("materialization driver failed: %s", message)
-        with suppress(ConnectionError, RuntimeError):
-            write_frame(self._writer, to_wire(ErrorResponse(message, fenced_off=isinstance(exc, FencedOff))))
-            await self._writer.drain()
-            if self._writer.can_write_eof():
-                self._writer.write_eof()
-
-    async def _linger(self) -> None:
-        """After an Error, discard what the runtime still sends until it hangs up (bounded). Closing a socket
-        with unread data resets the connection, which can destroy the Error before the runtime reads it."""
-        with suppress(ConnectionError, TimeoutError):
-            async with asyncio.timeout(LINGER_SECONDS):
-                while await self._reader.read(_DISCARD_CHUNK):
-                    pass
+        await self._channel.send_error(ErrorResponse(message, fenced_off=isinstance(exc, FencedOff)))
 
     async def _shut_down(self) -> None:
         if self._acknowledging is not None and not self._acknowledging.done():
@@ -280,6 +338,4 @@ class _DriverSession:
                 await self._call(self._transactor.close)
             except Exception:
                 logger.exception("closing the transactor failed")
-        self._writer.close()
-        with suppress(ConnectionError, RuntimeError):
-            await self._writer.wait_closed()
+        await self._channel.close()

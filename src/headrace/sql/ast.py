@@ -183,3 +183,27 @@ class SavepointStatement(exp.Expression):
     "release" or "rollback_to"; `this`: the name)."""
 
     arg_types: dict[str, Any] = {"this": True, "action": True}
+
+
+class CreateConnection(exp.Expression):
+    """CREATE CONNECTION [IF NOT EXISTS] <name> TO POSTGRES | REDIS (<option> [=] <value>, ...)
+    (`options`: list of SinkOption)."""
+
+    arg_types: dict[str, Any] = {"this": True, "driver": True, "options": True, "if_not_exists": False}
+
+
+class CreateSink(exp.Expression):
+    """CREATE SINK [IF NOT EXISTS] <name> FROM <relation> INTO <driver> [(<option> [=] <value>, ...)]
+    [WITH (<option> [=] <value>, ...)] (`options` / `with_options`: lists of SinkOption)."""
+
+    arg_types: dict[str, Any] = {"this": True, "relation": True, "driver": True, "options": True,
+                                 "with_options": False, "if_not_exists": False}
+
+
+class SinkOption(exp.Expression):
+    """One `<NAME WORDS> [=] <value>` of CREATE CONNECTION / SINK. `name`: the words upper-cased and joined
+    by one space; `kind`: "string" | "number" | "bool" | "secret" | "name" | "list" (a parenthesized list of
+    SinkOption, e.g. HEADERS ('Authorization' = SECRET token)); `value`: the Python value (a secret's or an
+    object's name for "secret" / "name")."""
+
+    arg_types: dict[str, Any] = {"name": True, "kind": True, "value": False}

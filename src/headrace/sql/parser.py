@@ -16,12 +16,12 @@ from sqlglot.tokens import TokenType
 from headrace.errors import SyntaxError_
 from headrace.sql.ast import DropObject, ShowCreateObject, ShowObjects, ShowVariable
 from headrace.sql.role_statements import parse_alter_role, parse_create_role, parse_drop_role
-from headrace.sql.source_grammar import WebhookGrammar
+from headrace.sql.sink_grammar import SinkGrammar
 
 OBJECT_KINDS = {"SOURCE": "source", "SOURCES": "source"}
 
 
-class HeadraceParser(WebhookGrammar):  # WebhookGrammar extends Postgres.Parser with sources and secrets
+class HeadraceParser(SinkGrammar):  # sources, secrets (source_grammar.py), connections and sinks (sink_grammar.py)
     STATEMENT_PARSERS = {
         **Postgres.Parser.STATEMENT_PARSERS,
         TokenType.SHOW: lambda self: self._parse_show_statement(),
@@ -34,6 +34,10 @@ class HeadraceParser(WebhookGrammar):  # WebhookGrammar extends Postgres.Parser 
             return parse_create_role(self, is_user=self._prev.text.upper() == "USER")
         if self._match_text_seq("SECRET"):
             return self._parse_secret(alter=False)
+        if self._match_text_seq("CONNECTION"):
+            return self._parse_create_connection()
+        if self._match_text_seq("SINK"):
+            return self._parse_create_sink()
         return super()._parse_create()
 
     def _parse_alter(self) -> exp.Expr:  # type: ignore[override]
@@ -57,6 +61,10 @@ class HeadraceParser(WebhookGrammar):  # WebhookGrammar extends Postgres.Parser 
             return parse_drop_role(self)
         if self._match_text_seq("SECRET"):
             return self._parse_drop_secret()
+        if self._match_text_seq("SINK"):
+            return self._parse_drop_named("sink")
+        if self._match_text_seq("CONNECTION"):
+            return self._parse_drop_named("connection")
         return super()._parse_drop(exists=exists, kind=kind)
 
     def _parse_types(self, *args: object, **kwargs: object) -> exp.Expr | None:  # type: ignore[override]
@@ -77,6 +85,12 @@ class HeadraceParser(WebhookGrammar):  # WebhookGrammar extends Postgres.Parser 
         if self._match_text_seq("MATERIALIZED", "VIEWS"):
             schema = self._parse_id_var() if self._match(TokenType.FROM) else None
             return ShowObjects(kind="materialized view", schema=schema.name if schema else None)
+        if self._match_text_seq("SINKS"):
+            schema = self._parse_id_var() if self._match(TokenType.FROM) else None
+            return ShowObjects(kind="sink", schema=schema.name if schema else None)
+        if self._match_text_seq("CONNECTIONS"):
+            schema = self._parse_id_var() if self._match(TokenType.FROM) else None
+            return ShowObjects(kind="connection", schema=schema.name if schema else None)
         if self._match_text_seq("INDEXES"):
             schema = self._parse_id_var() if self._match(TokenType.FROM) else None
             return ShowObjects(kind="index", schema=schema.name if schema else None)

@@ -71,13 +71,15 @@ CHANGELOG_RETENTION_MS = 600_000  # SUBSCRIBE ... AS OF may reach 10 minutes bac
 CHANGELOG_COMPACTION_INTERVAL_S = 60.0
 
 
-async def _compact_changelogs_periodically(store: ServingStore, executor: ThreadPoolExecutor) -> None:
-    """Keep the changelogs SUBSCRIBE reads bounded: drop changes older than the retention."""
+async def _compact_changelogs_periodically(store: ServingStore, executor: ThreadPoolExecutor,
+                                          holds: Callable[[], dict[str, int]]) -> None:
+    """Keep the changelogs SUBSCRIBE reads bounded: drop changes older than the retention, except those a sink
+    has yet to send (`holds`)."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(CHANGELOG_COMPACTION_INTERVAL_S)
         try:
-            await loop.run_in_executor(executor, store.compact_changelogs, CHANGELOG_RETENTION_MS)
+            await loop.run_in_executor(executor, store.compact_changelogs, CHANGELOG_RETENTION_MS, None, holds())
         except Exception:  # noqa: BLE001 - compaction is retried next round; serving goes on
             log.exception("changelog compaction failed")
 
@@ -136,6 +138,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     # Materialized views: restore what a crash left half-made (tables, public relations), inputs first.
     await asyncio.get_running_loop().run_in_executor(executor, coordinator.views.ensure_all)
     await coordinator.tables.open_all()  # tables: store tables, public relations, logs (coordinator/tables.py)
+    await coordinator.sink_manager.start()  # built-in drivers, then a runner per sink (sink/manager.py)
     adapter = AdapterClient(coordinator)
     security = SecurityConfig(parse_auth_rules(config.auth), roles,
                               make_tls_context(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None)
@@ -148,7 +151,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     print(f"  SQL:      psql -h {config.host} -p {config.pg_port} -U headrace headrace", flush=True)
     print(f"  webhooks: POST http://{config.host}:{config.http_port}/api/webhook/headrace/public/<source>",
           flush=True)
-    compaction = asyncio.create_task(_compact_changelogs_periodically(store, executor))
+    compaction = asyncio.create_task(_compact_changelogs_periodically(store, executor,
+                                                                      coordinator.sink_manager.holds))
     # Everything built at startup lives as long as the server: out of the collector's way, so full
     # collections stay short (a pause there is every connection's and every webhook's latency).
     gc.collect()
@@ -164,6 +168,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
         await http_runner.cleanup()  # stop taking webhooks first: nothing acknowledged is lost
         pg_server.close()
         await supervisor.stop()
+        await coordinator.sink_manager.close()  # each sink's commit in flight is awaited
         driver_server.close()
         await registry.close_all()
         await coordinator.tables.close_all()

@@ -114,6 +114,25 @@ class Catalog:
             self._views[view.id] = view
             self._persist()
 
+    def root_materialization(self, view: MaterializedView) -> str:
+        """The materialization whose transactions maintain `view`, and whose commit timestamps are its own: that
+        of the source or table at the root of its chain of inputs (views are bindings of their root's)."""
+        seen: set[str] = set()
+        current = view
+        while current.id not in seen:
+            seen.add(current.id)
+            source = self.find(current.input_schema, current.input_name)
+            if source is not None:
+                return source.materialization
+            table = self.find_table(current.input_schema, current.input_name)
+            if table is not None:
+                return table.materialization
+            upstream = self.find_view(current.input_schema, current.input_name)
+            if upstream is None:
+                break
+            current = upstream
+        return view.materialization
+
     def remove_view(self, view_id: str) -> None:
         with self._lock:
             self._views.pop(view_id, None)

@@ -42,6 +42,8 @@ from headrace.coordinator.ddl_sources import SourceDdl, handles as is_source_ddl
 from headrace.coordinator.sources import SourceResources
 from headrace.coordinator import views as view_ddl
 from headrace.coordinator import tables as table_ddl
+from headrace.coordinator import sinks as sink_ddl
+from headrace.sink.manager import STATUS_COLUMNS, SinkManager
 from headrace.pipeline.table_views import table_relation
 from headrace.errors import (
     DuplicateObject,
@@ -55,7 +57,7 @@ from headrace.sql.parser import parse_statement
 from headrace.sql.select import is_query, plan_select
 from headrace.sql.types import TEXT_OID
 from headrace.store.query import describe_query, probe_parameter_types, run_query, session_parameters
-from headrace.store.system_tables import SystemTables
+from headrace.store.system_tables import SystemRelation, SystemTables
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,13 @@ class Coordinator:
         self.fast_path = FastPath(self.indexes)
         self.system_catalog.indexes = self.indexes.catalog.all  # pg_index / pg_indexes list them (psql: \d)
         self.plan_cache.also_keyed_by = self.fast_path.generation
+        # CREATE / DROP / SHOW CONNECTION(S) and SINK(S), each sink run by a runner thread (sink/, coordinator/sinks.py)
+        self.sink_manager = SinkManager(catalog, resources.store, resources.layout.root, self.views.plan)
+        self.sinks = sink_ddl.SinkDdl(catalog, self.sink_manager, self._ddl_lock, self._relation_exists)
+        self.views.sinks = self.sinks
+        self.source_ddl.sinks = self.sinks
+        if system_tables is not None:
+            system_tables.add("sink_status", SystemRelation(STATUS_COLUMNS, self.sink_manager.status_rows))
 
     # ---- prepare ------------------------------------------------------------------------------
     async def prepare(self, session: Session, name: str, sql: str, param_types: Sequence[int]) -> PreparedStatement:
@@ -174,6 +183,8 @@ class Coordinator:
             return self.views.columns(ast)
         if isinstance(ast, ShowObjects) and ast.args.get("kind") == "secret":
             return (Column("name", TEXT),)
+        if sink_ddl.handles(ast):
+            return sink_ddl.show_columns(ast)
         if isinstance(ast, ShowObjects):
             return (Column("name", TEXT), Column("type", TEXT))
         return None
@@ -223,6 +234,8 @@ class Coordinator:
             return await self.source_ddl.execute(ast)
         if view_ddl.handles(ast):
             return await self.views.execute(ast, sql)
+        if sink_ddl.handles(ast):
+            return await self.sinks.execute(ast, sql)
         if isinstance(ast, ShowObjects):
             rows = [(source.name, "webhook") for source in self.catalog.sources()
                     if ast.args.get("schema") in (None, source.schema)]

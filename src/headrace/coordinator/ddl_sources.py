@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from sqlglot import exp
 
@@ -56,6 +57,7 @@ class SourceDdl:
         # Materialized views reading sources (coordinator/views.py; set by the coordinator): a name clash at
         # CREATE SOURCE, and DROP SOURCE refused (2BP01) while views read it, unless CASCADE drops them.
         self.views: ViewDdl | None = None
+        self.sinks: Any = None  # coordinator/sinks.py: DROP SECRET refused while a sink or connection uses it
 
     async def execute(self, ast: exp.Expr) -> ExecuteResponse:
         if isinstance(ast, CreateWebhookSource):
@@ -184,6 +186,11 @@ class SourceDdl:
                 secrets.append(secret)
             dependents: list[WebhookSource] = []
             for secret in secrets:
+                sink_users = self.sinks.secret_users(secret.name) if self.sinks is not None else []
+                if sink_users:
+                    raise HeadraceError(f'cannot drop secret "{secret.name}": {sink_users[0]} depends on it',
+                                        hint="drop the sinks and connections using it first",
+                                        sqlstate=DependentObjectsStillExist, http_status=400)
                 users = self.catalog.sources_using_secret(secret)
                 if users and not ast.args.get("cascade"):
                     raise HeadraceError(f'cannot drop secret "{secret.name}": source "{users[0].name}" depends on it',

@@ -69,7 +69,7 @@ def table_target(table: Any) -> SubscribeTarget:
                            f"SELECT hr_timestamp, hr_diff, {columns} FROM {INPUT}")
 
 
-def view_target(plan: Any, view_id: str) -> SubscribeTarget:
+def view_target(plan: Any, view_id: str, materialization: str | None = None) -> SubscribeTarget:
     """The view's public relation (sql/view_serving.py) re-aimed at the input: outputs as SELECT * shows them."""
     create = exp.maybe_parse(public_relation_sql(plan, view_id), dialect="duckdb")
     select = create.expression
@@ -78,7 +78,9 @@ def view_target(plan: Any, view_id: str) -> SubscribeTarget:
     select = select.copy()
     select.set(FROM_KEY, exp.From(this=exp.to_table(INPUT)))
     select.set("expressions", [exp.column("hr_timestamp"), exp.column("hr_diff"), *select.expressions])
-    return SubscribeTarget((("headrace_internal", f"view_{view_id}")), f"view_{view_id}",
+    # `materialization`: whose commit timestamps are the view's, its root source's or table's
+    # (Catalog.root_materialization): a view is a binding of its root's transactions.
+    return SubscribeTarget((("headrace_internal", f"view_{view_id}")), materialization or f"view_{view_id}",
                            select.sql(dialect="duckdb"))
 
 
@@ -126,7 +128,8 @@ class Subscriptions:
             return source_target(source)
         view = self.catalog.find_view(schema or "public", name)
         if view is not None:
-            return view_target(self._view_plan(view), view.id)
+            root = getattr(self.catalog, "root_materialization", None)
+            return view_target(self._view_plan(view), view.id, root(view) if root is not None else None)
         find_table = getattr(self.catalog, "find_table", None)  # CREATE TABLE (coordinator/tables.py)
         table = find_table(schema or "public", name) if find_table is not None else None
         if table is not None:

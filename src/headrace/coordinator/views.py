@@ -76,6 +76,8 @@ class ViewDdl:
         self._pipeline_checkpoints = pipeline_checkpoints  # <data>/pipeline/checkpoints
         self._on_views_changed = on_views_changed
         self._plans: dict[str, ViewPlan] = {}
+        # Sinks reading relations (coordinator/sinks.py): DROP refuses, or drops them with CASCADE.
+        self.sinks: Any = None
         with store.cursor() as cursor:
             cursor.execute(VIEW_SCHEMAS_DDL)
 
@@ -199,6 +201,7 @@ class ViewDdl:
             ordered: list[MaterializedView] = []
             for view in targets:
                 self._collect_dependents(view, cascade, ordered)
+            notices.extend(await self._drop_sinks_reading(ordered))
             for view in ordered:
                 self.catalog.remove_view(view.id)
                 await self._run(self.remove_resources, view)
@@ -216,6 +219,8 @@ class ViewDdl:
                                     detail=f'materialized view "{dependent.name}" depends on materialized view "{view.name}"',
                                     hint="Use DROP ... CASCADE to drop the dependent objects too.")
             self._collect_dependents(dependent, cascade, ordered)
+        if not cascade and self.sinks is not None:
+            self.sinks.refuse_drop_of_input(view.schema, view.name, "materialized view")
         if view not in ordered:
             ordered.append(view)
 
@@ -225,17 +230,29 @@ class ViewDdl:
         ordered: list[MaterializedView] = []
         for view in self.dependents(schema, name):
             self._collect_dependents(view, True, ordered)
+        notices = await self._drop_sinks_reading(ordered)
+        if self.sinks is not None:
+            notices += await self.sinks.drop_readers_of(schema, name)
         for view in ordered:
             self.catalog.remove_view(view.id)
             await self._run(self.remove_resources, view)
             self._plans.pop(view.id, None)
         if ordered:
             self._views_changed()
-        return [f'drop cascades to materialized view "{view.name}"' for view in ordered]
+        return notices + [f'drop cascades to materialized view "{view.name}"' for view in ordered]
+
+    async def _drop_sinks_reading(self, views: list[MaterializedView]) -> list[str]:
+        notices: list[str] = []
+        if self.sinks is not None:
+            for view in views:
+                notices += await self.sinks.drop_readers_of(view.schema, view.name)
+        return notices
 
     def refuse_drop_of_input(self, schema: str, name: str, kind: str = "source") -> None:
         """For DROP SOURCE (and later DROP TABLE): refuse while views read the relation."""
         dependents = self.dependents(schema, name)
+        if self.sinks is not None:
+            self.sinks.refuse_drop_of_input(schema, name, kind)
         if dependents:
             raise HeadraceError(f'cannot drop {kind} "{name}" because other objects depend on it',
                                 sqlstate=DependentObjectsStillExist,

@@ -67,11 +67,11 @@ def resolve_input(catalog: Catalog, view_plan: Callable[[Any], Any], schema: str
                          f"SELECT hr_timestamp, hr_diff, {columns} FROM {INPUT}", table.store_key)
     view = catalog.find_view(schema, name)
     if view is not None:
-        return _view_input(view_plan(view), view.id, relation)
+        return _view_input(view_plan(view), view.id, relation, catalog.root_materialization(view))
     raise UndefinedObject(f"unknown source, materialized view or table '{relation}'")
 
 
-def _view_input(plan: Any, view_id: str, relation: str) -> SinkInput:
+def _view_input(plan: Any, view_id: str, relation: str, materialization: str) -> SinkInput:
     create = exp.maybe_parse(public_relation_sql(plan, view_id), dialect="duckdb")
     select = create.expression
     if isinstance(select, exp.Union):  # a global aggregate's "no rows" branch shows only in snapshots
@@ -87,7 +87,7 @@ def _view_input(plan: Any, view_id: str, relation: str) -> SinkInput:
             raise HeadraceError(f"a sink of {relation} needs its key column {KEY_FIELD}, which an output shadows",
                                 sqlstate="42701", hint="rename that output column")
     select.set("expressions", [*head, *select.expressions])
-    return SinkInput("view", relation, (INTERNAL_SCHEMA, f"view_{view_id}"), f"view_{view_id}",
+    return SinkInput("view", relation, (INTERNAL_SCHEMA, f"view_{view_id}"), materialization,
                      select.sql(dialect="duckdb"), key)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,6 +131,7 @@ class ServingStore:
         # Data commits so far (note_committed): in-memory readers (store/arrangements.py) compare it to
         # the count they caught up to, an O(1) "has anything been committed since?".
         self.commit_count = 0
+        self._commit_listeners: list[Callable[[], None]] = []  # sinks wake up on commits (sink/manager.py)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A new connection to the same database, resolving unqualified names in `public`. Close it after use."""
@@ -143,6 +144,12 @@ class ServingStore:
         """Called by every writer right after a data commit became visible."""
         with self._clock_lock:
             self.commit_count += 1
+        for listener in self._commit_listeners:
+            listener()
+
+    def add_commit_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (cheap, non-blocking) after every data commit."""
+        self._commit_listeners.append(listener)
 
     def next_commit_timestamp(self) -> int:
         """A commit timestamp: ms since the epoch, strictly greater than every one handed out before."""
@@ -320,11 +327,14 @@ class ServingStore:
             cursor.rollback()
             cursor.close()
 
-    def compact_changelogs(self, retention_ms: int = DEFAULT_RETENTION_MS, now_ms: int | None = None) -> dict[str, int]:
+    def compact_changelogs(self, retention_ms: int = DEFAULT_RETENTION_MS, now_ms: int | None = None,
+                           holds: Mapping[str, int] | None = None) -> dict[str, int]:
         """Delete changes older than `retention_ms` from every changelog and raise its `since` frontier to the
-        cutoff. Returns the rows deleted per changelog name."""
+        cutoff. `holds`: per changelog name, a position whose later changes a reader (a sink) still needs: the
+        cutoff stays at or below position + 1 there. Returns the rows deleted per changelog name."""
         now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        cutoff = now_ms - retention_ms
+        retention_cutoff = now_ms - retention_ms
+        holds = holds or {}
         cursor = self.cursor()
         deleted: dict[str, int] = {}
         try:
@@ -332,6 +342,7 @@ class ServingStore:
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = ? AND starts_with(table_name, ?)",
                 [INTERNAL_SCHEMA, CHANGELOG_PREFIX]).fetchall()]
             for name in names:
+                cutoff = min(retention_cutoff, holds[name] + 1) if name in holds else retention_cutoff
                 cursor.begin()
                 try:
                     table = f"{INTERNAL_SCHEMA}.{quote_ident(name)}"

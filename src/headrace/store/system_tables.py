@@ -2,6 +2,7 @@
 
     headrace_internal.webhook_counters   one row per webhook source (webhook/metrics.py)
     headrace_internal.webhook_requests   the last N requests of each source (webhook/request_log.py)
+    headrace_internal.sink_status        one row per sink: state, position, lag, last error (sink/manager.py)
 
 The planner resolves them by name (`exists`); `bind` points the planned DuckDB SQL at a per-cursor
 name, and `register` puts a fresh Arrow snapshot under that name on the cursor that runs the query,
@@ -54,6 +55,10 @@ class SystemTables:
             "webhook_requests": SystemRelation(
                 REQUEST_COLUMNS, lambda: request_rows((key, ingestor.requests) for key, ingestor in registry.items())),
         }
+
+    def add(self, name: str, relation: SystemRelation) -> None:
+        """Another in-memory relation (headrace_internal.sink_status: sink/manager.py)."""
+        self._relations[name] = relation
 
     def exists(self, schema: str, name: str) -> bool:
         return schema == SYSTEM_SCHEMA and name in self._relations

@@ -8,6 +8,9 @@ process of this process group (server, pipeline, Spark's JVM) at once, as a powe
 Points:
   after_started_commit: the serving driver's commit is durable and StartedCommit is written, and the runtime's next
       Acknowledge is not handled yet (materialize/driver.py): the window of issue 5's kill -9 test.
+  sink_after_commit: a sink's transaction is committed (POSTGRES: StartedCommit received; PARQUET and the other
+      recovery-log drivers: the recovery log holds it, its files are staged and not applied) and its Acknowledge is
+      not sent yet (sink/runner.py): issue 6's kill -9 between StartedCommit and Acknowledged.
   between_table_appends: a COMMIT that wrote several tables has its intent durable and its first table's record
       appended, the others not yet (coordinator/tables.py): restart must complete the transaction.
 """

@@ -102,7 +102,7 @@ class SinkDdl:
                     if ast.args.get("if_exists"):
                         notices.append(f'connection "{name}" does not exist, skipping')
                         continue
-                    raise UndefinedObject(f'connection "{name}" does not exist')
+                    raise UndefinedObject(f'connection "{name}" does not exist', sqlstate="42704")
                 targets.append(connection)
             users = [sink for sink in self.catalog.sinks() for connection in targets if _uses(sink, connection)]
             if users and not ast.args.get("cascade"):
@@ -169,7 +169,7 @@ class SinkDdl:
                     if ast.args.get("if_exists"):
                         notices.append(f'sink "{name}" does not exist, skipping')
                         continue
-                    raise UndefinedObject(f'sink "{name}" does not exist')
+                    raise UndefinedObject(f'sink "{name}" does not exist', sqlstate="42704")
                 targets.append(sink)
             await self._drop(targets)
             return CommandComplete("DROP SINK", tuple(notices))
@@ -207,7 +207,7 @@ class SinkDdl:
 
     def _check_secret(self, name: str) -> None:
         if self.catalog.secret_value(name) is None:
-            raise UndefinedObject(f'unknown secret "{name}"')
+            raise UndefinedObject(f'unknown secret "{name}"', sqlstate="42704")
 
 
 def _uses(sink: Sink, connection: Connection) -> bool:

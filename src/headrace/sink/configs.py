@@ -81,7 +81,7 @@ def _connection(sink: Sink, find_connection: ConnectionLookup) -> Connection:
     schema, _, bare = name.rpartition(".")
     connection = find_connection(schema or sink.schema, bare)
     if connection is None:
-        raise UndefinedObject(f'unknown connection "{name}"')
+        raise UndefinedObject(f'unknown connection "{name}"', sqlstate="42704")
     if connection.driver != sink.driver:
         raise InvalidParameterValue(f'connection "{name}" is a {connection.driver.upper()} connection, '
                                     f"not {sink.driver.upper()}")
@@ -99,7 +99,7 @@ def _resolved(value: OptionValue | None, secret: SecretLookup) -> Any:
     if isinstance(value, SecretRef):
         resolved = secret(value.name)
         if resolved is None:
-            raise UndefinedObject(f'unknown secret "{value.name}"')
+            raise UndefinedObject(f'unknown secret "{value.name}"', sqlstate="42704")
         try:
             return resolved.decode()
         except UnicodeDecodeError:

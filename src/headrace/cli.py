@@ -43,7 +43,29 @@ def main(argv: list[str] | None = None) -> None:
                          help="requests kept per source in headrace_internal.webhook_requests (default 100)")
     webhook.add_argument("--webhook-eviction-interval-s", type=float, default=60.0,
                          help="how often idempotency keys older than the window are forgotten (default 60)")
+    driver_test = commands.add_parser(
+        "driver-test", help="run the driver conformance kit against a sink driver (docs/drivers.md)",
+        description="Drive a sink driver through scripted transactions, restarts at every phase boundary, a zombie "
+                    "Open, delta updates and schema changes; print which guarantees held. Exit 0: every scenario "
+                    "that ran passed; 1: one failed; 2: usage error.")
+    driver_test.add_argument("driver", help="postgres | redis | parquet | http | command:<shell command> | "
+                                            "address:<host:port>")
+    driver_test.add_argument("--config", help="the endpoint config as a JSON object (required for postgres and "
+                                              "redis; parquet, http and the JSON Lines example are provisioned)")
+    driver_test.add_argument("--json", action="store_true", help="print the report as JSON")
+    driver_test.add_argument("--scenario", action="append", dest="scenarios",
+                             help="run only this scenario (repeatable): spec, transactions, restarts, zombie, delta, "
+                                  "schema-added-column, schema-changed-key")
+    driver_test.add_argument("--guarantee", choices=("exactly-once", "at-least-once"),
+                             help="what an external driver promises (default: exactly-once)")
+    driver_test.add_argument("--fencing", choices=("yes", "no"),
+                             help="whether an external driver fences zombie runtimes (default: yes)")
     args = parser.parse_args(argv)
+
+    if args.command == "driver-test":
+        from headrace.materialize.conformance.cli import driver_test_main
+
+        sys.exit(driver_test_main(args))
 
     if args.command == "up":
         from headrace.pgwire.auth import parse_auth_rules

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psycopg
@@ -37,13 +37,15 @@ class HeadraceProcess:
     def webhook_url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.http_port}/api/webhook/headrace/public/{name}"
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = 60.0, env: Mapping[str, str] | None = None) -> None:
+        """Start `headrace up`; `env` adds variables for this start only (e.g. HEADRACE_FAILPOINTS)."""
         output = open(self.output_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "headrace.cli", "up", "--data-dir", str(self.data_dir),
              "--pg-port", str(self.pg_port), "--http-port", str(self.http_port), "--spark-master", "local[2]",
              *self.extra_args],
             stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, **env} if env else None,
         )
         output.close()
         deadline = time.monotonic() + timeout

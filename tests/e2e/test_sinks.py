@@ -148,6 +148,9 @@ def test_http_sink_into_an_idempotent_webhook_source_counts_each_change_once(sql
         sql(f"CREATE SINK stock_http FROM stock INTO HTTP (URL '{server.webhook_url('inbox')}')")
     sql(f"CREATE SINK stock_http FROM stock INTO HTTP (URL '{server.webhook_url('inbox')}', BATCH SIZE 1, "
         "HEADERS ('X-Sender' = 'headrace')) WITH (DELTA UPDATES)")
+    # The sink starts from a snapshot of the table as its pipeline last committed it: changes made before that
+    # commit are in the snapshot, not sent one by one. Change rows once the snapshot is sent.
+    wait_for(lambda: sink_state(sql, "stock_http")[2] >= 1, 90, message="the snapshot sent")
     sql("UPDATE stock SET qty = 20 WHERE sku = 'b'")
     sql("DELETE FROM stock WHERE sku = 'c'")
     # 3 snapshot rows, then -1/+1 for b's update and -1 for c: 6 changes, each its own POST (BATCH SIZE 1)
@@ -180,40 +183,47 @@ def test_external_driver_from_a_command(sql: Any, tmp_path: Path) -> None:
 
 
 def test_sink_statements_refuse_what_cannot_work(sql: Any, postgres: str) -> None:
-    sql("CREATE TABLE guarded (id int PRIMARY KEY, v int)")
-    sql("CREATE MATERIALIZED VIEW guarded_sum AS SELECT id, sum(v) AS v FROM guarded GROUP BY id")
+    sql("CREATE TABLE sink_guarded (id int PRIMARY KEY, v int)")
+    sql("CREATE MATERIALIZED VIEW sink_guarded_sum AS SELECT id, sum(v) AS v FROM sink_guarded GROUP BY id")
     sql(f"CREATE SECRET guard_url AS '{postgres}'")
     sql("CREATE CONNECTION guard_pg TO POSTGRES (URL = SECRET guard_url)")
     with pytest.raises(psycopg.errors.UndefinedTable):
         sql("CREATE SINK nowhere FROM no_such_view INTO POSTGRES (CONNECTION guard_pg)")
     with pytest.raises(psycopg.errors.InvalidParameterValue):
-        sql("CREATE SINK bad FROM guarded_sum INTO POSTGRES (CONNECTION guard_pg, COLOR 'red')")
+        sql("CREATE SINK bad FROM sink_guarded_sum INTO POSTGRES (CONNECTION guard_pg, COLOR 'red')")
     with pytest.raises(psycopg.errors.InvalidParameterValue):
-        sql("CREATE SINK bad FROM guarded_sum INTO PARQUET (BUCKETS 2)")  # PATH is required
+        sql("CREATE SINK bad FROM sink_guarded_sum INTO PARQUET (BUCKETS 2)")  # PATH is required
     with pytest.raises(psycopg.errors.UndefinedObject):
-        sql("CREATE SINK bad FROM guarded_sum INTO POSTGRES (CONNECTION no_such_connection)")
+        sql("CREATE SINK bad FROM sink_guarded_sum INTO POSTGRES (CONNECTION no_such_connection)")
     with pytest.raises(psycopg.Error) as unreachable:
         sql("CREATE CONNECTION dead_pg TO POSTGRES (URL = 'postgresql://nobody@127.0.0.1:1/none')")
-        sql("CREATE SINK bad FROM guarded_sum INTO POSTGRES (CONNECTION dead_pg)")
+        sql("CREATE SINK bad FROM sink_guarded_sum INTO POSTGRES (CONNECTION dead_pg)")
     assert "127.0.0.1:1" not in str(unreachable.value) or "nobody" not in str(unreachable.value)
     assert not [row for row in sql("SHOW SINKS") if row[0] == "bad"]
-    sql("CREATE SINK guarded_pg FROM guarded_sum INTO POSTGRES (CONNECTION guard_pg)")
+    sql("CREATE SINK sink_guarded_pg FROM sink_guarded_sum INTO POSTGRES (CONNECTION guard_pg)")
     with pytest.raises(psycopg.errors.DuplicateObject):
-        sql("CREATE SINK guarded_pg FROM guarded_sum INTO POSTGRES (CONNECTION guard_pg)")
-    sql("CREATE SINK IF NOT EXISTS guarded_pg FROM guarded_sum INTO POSTGRES (CONNECTION guard_pg)")
+        sql("CREATE SINK sink_guarded_pg FROM sink_guarded_sum INTO POSTGRES (CONNECTION guard_pg)")
+    sql("CREATE SINK IF NOT EXISTS sink_guarded_pg FROM sink_guarded_sum INTO POSTGRES (CONNECTION guard_pg)")
+    # sources, tables, views and sinks share one namespace
+    for clash in ("CREATE SOURCE sink_guarded FROM WEBHOOK BODY FORMAT JSON",
+                  "CREATE MATERIALIZED VIEW sink_guarded_pg AS SELECT id FROM sink_guarded",
+                  "CREATE TABLE sink_guarded_sum (id int)"):
+        with pytest.raises(psycopg.errors.DuplicateTable):
+            sql(clash)
     with pytest.raises(psycopg.errors.DependentObjectsStillExist):
-        sql("DROP MATERIALIZED VIEW guarded_sum")
+        sql("DROP MATERIALIZED VIEW sink_guarded_sum")
     with pytest.raises(psycopg.errors.DependentObjectsStillExist):
-        sql("DROP TABLE guarded")
+        sql("DROP TABLE sink_guarded")
     with pytest.raises(psycopg.errors.DependentObjectsStillExist):
         sql("DROP CONNECTION guard_pg")
     with pytest.raises(psycopg.errors.DependentObjectsStillExist):
         sql("DROP SECRET guard_url")
-    sql("DROP MATERIALIZED VIEW guarded_sum CASCADE")
-    assert not [row for row in sql("SHOW SINKS") if row[0] == "guarded_pg"]
+    sql("DROP MATERIALIZED VIEW sink_guarded_sum CASCADE")
+    assert not [row for row in sql("SHOW SINKS") if row[0] == "sink_guarded_pg"]
     sql("DROP CONNECTION guard_pg")
     sql("DROP CONNECTION dead_pg")
     sql("DROP SECRET guard_url")
-    sql("DROP SINK IF EXISTS guarded_pg")
+    sql("DROP SINK IF EXISTS sink_guarded_pg")
     with pytest.raises(psycopg.errors.UndefinedObject):
-        sql("DROP SINK guarded_pg")
+        sql("DROP SINK sink_guarded_pg")
+    sql("DROP TABLE sink_guarded")

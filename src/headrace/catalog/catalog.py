@@ -178,6 +178,15 @@ class Catalog:
     def find_sink(self, schema: str, name: str) -> Sink | None:
         return next((s for s in self._sinks.values() if s.schema == schema and s.name == name), None)
 
+    def kind_of_name(self, schema: str, name: str) -> str | None:
+        """What holds this name ("source", "table", "materialized view", "sink"), None if it is free: sources, tables,
+        views and sinks share one namespace per schema, as in Materialize."""
+        for kind, found in (("source", self.find), ("table", self.find_table), ("materialized view", self.find_view),
+                            ("sink", self.find_sink)):
+            if found(schema, name) is not None:
+                return kind
+        return None
+
     def add_sink(self, sink: Sink) -> None:
         with self._lock:
             self._sinks[sink.id] = sink

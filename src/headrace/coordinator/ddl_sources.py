@@ -78,14 +78,12 @@ class SourceDdl:
     async def create_source(self, ast: CreateWebhookSource) -> CommandComplete:
         async with self._ddl_lock:
             _, schema, name = qualified_name(ast.this)
-            if self.catalog.find(schema, name) is not None:
+            holder = self.catalog.kind_of_name(schema, name)
+            if holder is not None:
+                what = "source" if holder == "source" else "relation"
                 if ast.args.get("if_not_exists"):
-                    return CommandComplete("CREATE SOURCE", (f'source "{name}" already exists, skipping',))
-                raise DuplicateObject(f'source "{name}" already exists')
-            if self.catalog.find_view(schema, name) is not None:
-                if ast.args.get("if_not_exists"):
-                    return CommandComplete("CREATE SOURCE", (f'relation "{name}" already exists, skipping',))
-                raise DuplicateObject(f'relation "{name}" already exists', detail=f'"{name}" is a materialized view')
+                    return CommandComplete("CREATE SOURCE", (f'{what} "{name}" already exists, skipping',))
+                raise DuplicateObject(f'{what} "{name}" already exists', detail=f'"{name}" is a {holder}')
             source = webhook_source_from_statement("pending", ast)
             for secret_name in source.secret_names():
                 if self.catalog.secret_value(secret_name) is None:

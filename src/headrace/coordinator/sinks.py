@@ -84,7 +84,7 @@ class SinkDdl:
             if self.catalog.find_connection(schema, name) is not None:
                 if ast.args.get("if_not_exists"):
                     return CommandComplete("CREATE CONNECTION", (f'connection "{name}" already exists, skipping',))
-                raise DuplicateObject(f'connection "{name}" already exists')
+                raise DuplicateObject(f'connection "{name}" already exists', sqlstate="42710")
             connection = connection_from_statement(self.catalog.allocate_id(), ast, sql)
             if isinstance(connection.url, SecretRef):
                 self._check_secret(connection.url.name)
@@ -122,7 +122,7 @@ class SinkDdl:
             if self.catalog.find_sink(schema, name) is not None:
                 if ast.args.get("if_not_exists"):
                     return CommandComplete("CREATE SINK", (f'sink "{name}" already exists, skipping',))
-                raise DuplicateObject(f'sink "{name}" already exists')
+                raise DuplicateObject(f'sink "{name}" already exists', sqlstate="42710")
             if self._relation_exists(schema, name):
                 raise DuplicateObject(f'a relation named "{name}" already exists',
                                       hint="sinks share the namespace of sources, tables and views")

@@ -443,12 +443,12 @@ class Tables:
     async def create(self, ast: exp.Create, sql: str) -> CommandComplete:
         async with self._ddl_lock:
             schema, name = grammar.table_name(ast.this.this if isinstance(ast.this, exp.Schema) else ast.this)
-            kind = "table" if self.catalog.find_table(schema, name) else "relation" \
-                if self.catalog.find(schema, name) or self.catalog.find_view(schema, name) else None
-            if kind is not None:
+            holder = self.catalog.kind_of_name(schema, name)
+            if holder is not None:
+                kind = "table" if holder == "table" else "relation"
                 if ast.args.get("exists"):
                     return CommandComplete("CREATE TABLE", (f'{kind} "{name}" already exists, skipping',))
-                raise DuplicateObject(f'relation "{name}" already exists')
+                raise DuplicateObject(f'relation "{name}" already exists', detail=f'"{name}" is a {holder}')
             grammar.table_from_create("pending", ast, sql)  # a bad definition fails before an id is taken
             table = grammar.table_from_create(self.catalog.allocate_id(), ast, sql)
             self.catalog.add_table(table)  # durable first: start-up repairs missing resources

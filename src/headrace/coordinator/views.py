@@ -141,10 +141,11 @@ class ViewDdl:
     async def _create(self, ast: exp.Create, sql: str) -> CommandComplete:
         async with self._ddl_lock:
             schema, name = view_name(ast)
-            if self.catalog.find(schema, name) is not None or self.catalog.find_view(schema, name) is not None:
+            holder = self.catalog.kind_of_name(schema, name)
+            if holder is not None:
                 if ast.args.get("exists"):
                     return CommandComplete("CREATE MATERIALIZED VIEW", (f'relation "{name}" already exists, skipping',))
-                raise DuplicateObject(f'relation "{name}" already exists')
+                raise DuplicateObject(f'relation "{name}" already exists', detail=f'"{name}" is a {holder}')
             plan = compile_view(ast, self.lookup)  # refuses here, before anything is recorded
             if plan.input.kind == "view":
                 self._check_chain(name, plan)

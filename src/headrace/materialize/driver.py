@@ -191,7 +191,10 @@ async def start_driver_server(host: str, port: int, transactor_factory: Transact
     """Listen for runtimes; executor None uses the event loop's default executor."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await serve_driver_connection(reader, writer, transactor_factory, executor, connector)
+        try:
+            await serve_driver_connection(reader, writer, transactor_factory, executor, connector)
+        except asyncio.CancelledError:
+            pass  # the server is shutting down: the connection ends with it (asyncio would log it as an error)
 
     return await asyncio.start_server(handle, host, port)
 

@@ -99,6 +99,7 @@ def views_by_source(sources: list[WebhookSource], views: list[MaterializedView])
 def build_spark(master: str, data_dir: Path) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_AUTH_SOCKET_TIMEOUT", "120")  # the same, for workers the conf does not reach
     from pyspark.sql import SparkSession
 
     spark = (
@@ -116,6 +117,9 @@ def build_spark(master: str, data_dir: Path) -> Any:
         .config("spark.sql.streaming.checkpointFileManagerClass",
                 "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
         .config("spark.driver.memory", "1g")
+        # A streaming Python data source's runner process connects back to the JVM within this timeout (15 s by
+        # default); with a dozen sources on 2 busy cores it took longer, and the stream hung unstarted.
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .config("spark.local.dir", str(data_dir / "pipeline" / "tmp"))
         .config("spark.sql.warehouse.dir", str(data_dir / "pipeline" / "warehouse"))
         .getOrCreate()

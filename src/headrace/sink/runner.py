@@ -201,6 +201,7 @@ class SinkRunner:
                 if self.remote_authoritative:
                     if pending is not None:  # transact awaited the previous StartedCommit first
                         position = self._committed(pending)
+                        failpoints.reached("sink_after_commit")  # committed in PostgreSQL, not Acknowledged
                     pending = batch.upto
                 else:
                     position = self._committed(batch.upto)

@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from headrace.errors import DataError, FeatureNotSupported, InvalidParameterValue, ServiceUnavailable
-from headrace.materialize.drivers.parquet import documents_from_table, dump_json
+from headrace.materialize.drivers.arrow_values import documents_from_table, dump_json
 from headrace.materialize.protocol import (
     LOCATION_RECOMMENDED, LOCATION_REQUIRED, PROTOCOL_VERSION, Acknowledged, Applied, Apply, Binding,
     FieldConstraint, Load, Loaded, Open, Opened, Spec, SpecResponse, StartedCommit, Store, StoreColumns, Validate,

@@ -46,7 +46,7 @@ import redis
 import redis.exceptions
 
 from headrace.errors import DataError, FeatureNotSupported, InvalidParameterValue, ServiceUnavailable
-from headrace.materialize.drivers.parquet import (
+from headrace.materialize.drivers.arrow_values import (
     arrow_type, documents_from_table, dump_json, normalized_type, values_from_array)
 from headrace.materialize.protocol import (
     INCOMPATIBLE, LOCATION_RECOMMENDED, LOCATION_REQUIRED, PROTOCOL_VERSION, Acknowledged, Applied, Apply, Binding,

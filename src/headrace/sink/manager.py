@@ -43,7 +43,8 @@ STATUS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("name", "VARCHAR"), ("schema", "VARCHAR"), ("relation", "VARCHAR"), ("driver", "VARCHAR"),
     ("guarantee", "VARCHAR"), ("state", "VARCHAR"), ("position", "TIMESTAMPTZ"), ("committed_at", "TIMESTAMPTZ"),
     ("transactions", "BIGINT"), ("documents", "BIGINT"), ("lag_transactions", "BIGINT"),
-    ("lag_seconds", "DOUBLE"), ("last_error", "VARCHAR"), ("last_error_at", "TIMESTAMPTZ"))
+    ("lag_seconds", "DOUBLE"), ("last_transaction_documents", "BIGINT"), ("last_transaction_seconds", "DOUBLE"),
+    ("last_error", "VARCHAR"), ("last_error_at", "TIMESTAMPTZ"))
 
 
 def _lower_priority() -> None:
@@ -176,6 +177,8 @@ class SinkManager:
                 _time(status.committed_at) if status and status.committed_at is not None else None,
                 status.transactions if status else 0, status.documents if status else 0,
                 status.lag_transactions if status else 0, status.lag_seconds if status else 0.0,
+                status.last_transaction_documents if status else 0,
+                status.last_transaction_seconds if status else None,
                 status.last_error if status else None,
                 _time(status.last_error_at) if status and status.last_error_at is not None else None))
         return rows

@@ -65,6 +65,8 @@ class SinkStatus:
     documents: int = 0
     lag_transactions: int = 0
     lag_seconds: float = 0.0
+    last_transaction_documents: int = 0
+    last_transaction_seconds: float | None = None  # from reading its changes to its commit confirmed
     last_error: str | None = None
     last_error_at: float | None = None
     attempts: int = 0  # consecutive failures
@@ -177,9 +179,11 @@ class SinkRunner:
             self._committed(position, committed=False)
             self.status.state = "running"
             pending: int | None = None  # a pipelined commit's position, not yet confirmed
+            pending_batch = (0.0, 0)  # its (start, documents)
             acknowledged = True
             while not self._stopping.is_set():
                 self._wake.clear()
+                started = time.monotonic()
                 if position is None and pending is None:
                     batch = self._snapshot()
                 else:
@@ -187,7 +191,7 @@ class SinkRunner:
                 if batch is None:
                     if pending is not None:
                         runtime.finish_commit()
-                        position, pending = self._committed(pending), None
+                        position, pending = self._committed(pending, timing=pending_batch), None
                         failpoints.reached("sink_after_commit")
                     if not acknowledged:
                         runtime.wait_acknowledged()  # the driver applies (PARQUET) and is idle
@@ -200,11 +204,11 @@ class SinkRunner:
                 acknowledged = False
                 if self.remote_authoritative:
                     if pending is not None:  # transact awaited the previous StartedCommit first
-                        position = self._committed(pending)
+                        position = self._committed(pending, timing=pending_batch)
                         failpoints.reached("sink_after_commit")  # committed in PostgreSQL, not Acknowledged
-                    pending = batch.upto
+                    pending, pending_batch = batch.upto, (started, batch.documents)
                 else:
-                    position = self._committed(batch.upto)
+                    position = self._committed(batch.upto, timing=(started, batch.documents))
                     failpoints.reached("sink_after_commit")  # the log holds it; the driver did not apply it yet
                     runtime.acknowledge()
                 self.status.attempts = 0
@@ -229,11 +233,15 @@ class SinkRunner:
             replace_file_durably(pin, str(snapshot_at).encode())
         return self._reader.next_batch(None, snapshot_at=snapshot_at)
 
-    def _committed(self, position: int | None, committed: bool = True) -> int | None:
+    def _committed(self, position: int | None, committed: bool = True,
+                   timing: tuple[float, int] | None = None) -> int | None:
         self.status.position = position
         if committed:
             self.status.transactions += 1
             self.status.committed_at = time.time()
+        if timing is not None:
+            self.status.last_transaction_seconds = time.monotonic() - timing[0]
+            self.status.last_transaction_documents = timing[1]
         if position is not None:
             self._on_position(position)
         return position

@@ -79,7 +79,7 @@ def test_the_position_of_a_checkpoint() -> None:
     assert _position_of({"upto": 0}) == 0
 
 
-@pytest.mark.parametrize("checkpoint", [{"batch_id": 3}, {"upto": "17"}, {"upto": 1.5}, {"upto": None}])
+@pytest.mark.parametrize("checkpoint", [{"batch_id": 3}, {"upto": "17"}, {"upto": 1.5}, {"upto": None}, {"upto": True}])
 def test_a_foreign_checkpoint_is_refused(checkpoint: dict[str, Any]) -> None:
     with pytest.raises(HeadraceError, match="is not one of headrace's"):
         _position_of(checkpoint)

@@ -293,7 +293,7 @@ def _position_of(checkpoint: dict[str, Any] | None) -> int | None:
     if not checkpoint:
         return None  # never committed, or the driver's explicit zero: start from a snapshot
     upto = checkpoint.get("upto")
-    if not isinstance(upto, int):
+    if type(upto) is not int:  # noqa: E721 - a bool is an int to isinstance
         raise HeadraceError(f"the sink's checkpoint {checkpoint!r} is not one of headrace's")
     return upto
 

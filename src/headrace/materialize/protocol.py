@@ -105,6 +105,19 @@ class FieldConstraint:
     reason: str
 
 
+def field_constraint(name: str, key: tuple[str, ...], forbidden: str | None = None,
+                     incompatible: str | None = None) -> FieldConstraint:
+    """A driver's usual answer for one proposed field: forbidden or incompatible for the reason given, else required
+    as a key of the collection or recommended as one of its fields."""
+    if forbidden is not None:
+        return FieldConstraint(FIELD_FORBIDDEN, forbidden)
+    if incompatible is not None:
+        return FieldConstraint(INCOMPATIBLE, incompatible)
+    if name in key:
+        return FieldConstraint(LOCATION_REQUIRED, "a key of the collection")
+    return FieldConstraint(LOCATION_RECOMMENDED, "a field of the collection")
+
+
 @dataclass(frozen=True, slots=True)
 class ValidateBinding:
     """A proposed binding: the collection's key and every field it offers (name -> DuckDB type name)."""

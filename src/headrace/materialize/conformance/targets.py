@@ -2,7 +2,7 @@
 
 `resolve_target(spec, config)` turns a driver spec into a `DriverUnderTest`:
   * a built-in name (`postgres`, `redis`, `parquet`, `http`): its Connector and transactor factory served in process
-    by the real connection loop (`start_driver_server` on 127.0.0.1:<free port>, its event loop on a thread), so the
+    by the real connection loop (materialize/hosting.py: 127.0.0.1:<free port>, its event loop on a thread), so the
     kit speaks the same framed protocol to it as the runtime does; its claims (commit pattern, exactly or at least
     once, fencing, delta only) come from `drivers/builtin.py`;
   * `command:<shell command>`: an ExternalDriver process (gRPC); `address:host:port`: a RemoteDriver. The kit cannot
@@ -21,20 +21,18 @@ recorded batches, the example's JSON Lines files. Keyed bindings are checked thr
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shlex
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from headrace.materialize.driver import start_driver_server
 from headrace.materialize.drivers.builtin import BUILTIN_DRIVERS
-from headrace.materialize.runtime import DriverConnection, RpcDriverConnection
+from headrace.materialize.hosting import ThreadedDriverServer
+from headrace.materialize.runtime import DriverConnection
 
 JSONL_EXAMPLE = "examples/drivers/jsonl/driver.py"
 
@@ -81,36 +79,6 @@ class DriverUnderTest:
 
 
 # ---------------------------------------------------------------------------------------------- hosting
-
-
-class InProcessDriverServer:
-    """A Transactor factory and Connector served by the real connection loop, its event loop on a daemon thread."""
-
-    def __init__(self, transactor_factory: Any, connector: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="kit-driver", daemon=True)
-        self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(
-            start_driver_server("127.0.0.1", 0, transactor_factory, connector=connector), self._loop).result(10)
-        self.host, self.port = self._server.sockets[0].getsockname()[:2]
-
-    def connect(self) -> DriverConnection:
-        return RpcDriverConnection(self.host, self.port, io_timeout=60)
-
-    def stop(self) -> None:
-        async def shut_down() -> None:
-            self._server.close()
-            await self._server.wait_closed()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self._loop.shutdown_default_executor()
-
-        asyncio.run_coroutine_threadsafe(shut_down(), self._loop).result(timeout=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
 
 
 # ---------------------------------------------------------------------------------------------- readers
@@ -219,7 +187,7 @@ def _builtin(name: str, config: dict[str, Any] | None) -> DriverUnderTest:
         example = '{"url": "postgresql://user@host:5432/db"}' if name == "postgres" else \
             '{"url": "redis://localhost:6379/0"}'
         raise UsageError(f"the {name} driver needs a server: pass --config '{example}'")
-    server = InProcessDriverServer(driver.transactor_factory, driver.connector())
+    server = ThreadedDriverServer(driver.transactor_factory, driver.connector(), thread_name="kit-driver")
     target = DriverUnderTest(name, server.connect, dict(config or {}), driver.pattern, driver.exactly_once,
                              fences=name != "http", delta_only=driver.delta_only,
                              remote_authoritative=driver.remote_authoritative,

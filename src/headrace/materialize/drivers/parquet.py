@@ -64,9 +64,9 @@ from headrace.errors import DataError, FeatureNotSupported, InvalidParameterValu
 from headrace.materialize.drivers.arrow_values import (
     array_from_values, arrow_type, conform_column, documents_from_table, normalized_type, required_arrow_type)
 from headrace.materialize.protocol import (
-    INCOMPATIBLE, LOCATION_RECOMMENDED, LOCATION_REQUIRED, PROTOCOL_VERSION, Acknowledged, Applied, Apply, Binding,
-    FencedOff, FieldConstraint, Load, LoadColumns, Loaded, LoadedColumns, Open, Opened, Spec, SpecResponse,
-    StartedCommit, StateUpdate, Store, StoreColumns, Validate, Validated, ValidatedBinding)
+    PROTOCOL_VERSION, Acknowledged, Applied, Apply, Binding, FencedOff, Load, LoadColumns, Loaded, LoadedColumns, Open,
+    Opened, Spec, SpecResponse, StartedCommit, StateUpdate, Store, StoreColumns, Validate, Validated, ValidatedBinding,
+    field_constraint)
 
 DEFAULT_BUCKETS = 16
 MAX_BUCKETS = 4096
@@ -246,14 +246,10 @@ class ParquetConnector:
             for name, type_name in proposal.fields.items():
                 type_name = normalized_type(type_name)
                 existing = manifest["columns"].get(name)
-                if arrow_type(type_name) is None:
-                    constraints[name] = FieldConstraint(INCOMPATIBLE, f"type {type_name} cannot be written to Parquet")
-                elif existing is not None and existing != type_name:
-                    constraints[name] = FieldConstraint(INCOMPATIBLE, f"the dataset's column has type {existing}")
-                elif name in proposal.key:
-                    constraints[name] = FieldConstraint(LOCATION_REQUIRED, "a key of the collection")
-                else:
-                    constraints[name] = FieldConstraint(LOCATION_RECOMMENDED, "a field of the collection")
+                constraints[name] = field_constraint(
+                    name, proposal.key,
+                    incompatible=f"type {type_name} cannot be written to Parquet" if arrow_type(type_name) is None
+                    else f"the dataset's column has type {existing}" if existing not in (None, type_name) else None)
             answers.append(ValidatedBinding(proposal.resource_path, constraints, proposal.delta_updates))
         return Validated(tuple(answers))
 

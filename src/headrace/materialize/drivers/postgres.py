@@ -59,33 +59,10 @@ from headrace.materialize.drivers.postgres_tables import (
     existing_columns,
 )
 from headrace.materialize.protocol import (
-    FIELD_FORBIDDEN,
-    INCOMPATIBLE,
-    LOCATION_RECOMMENDED,
-    LOCATION_REQUIRED,
-    PROTOCOL_VERSION,
-    Acknowledged,
-    Applied,
-    Apply,
-    FencedOff,
-    FieldConstraint,
-    Load,
-    LoadColumns,
-    Loaded,
-    LoadedColumns,
-    MaterializationError,
-    MaterializationSpec,
-    Open,
-    Opened,
-    Spec,
-    SpecResponse,
-    StartedCommit,
-    Store,
-    StoreColumns,
-    Validate,
-    Validated,
-    ValidatedBinding,
-)
+    FIELD_FORBIDDEN, INCOMPATIBLE, LOCATION_RECOMMENDED, LOCATION_REQUIRED, PROTOCOL_VERSION, Acknowledged, Applied,
+    Apply, FencedOff, FieldConstraint, Load, LoadColumns, Loaded, LoadedColumns, MaterializationError,
+    MaterializationSpec, Open, Opened, Spec, SpecResponse, StartedCommit, Store, StoreColumns, Validate, Validated,
+    ValidatedBinding, field_constraint)
 
 HISTORY_LIMIT = 100_000  # history rows kept per materialization
 PRUNE_EVERY = 1_000  # commits of one connection between prunes of the history
@@ -184,18 +161,12 @@ class PostgresConnector:
                 for name, type_name in proposal.fields.items():
                     canonical = duckdb_type(type_name)
                     have = existing.get(name)
-                    if name == document_column:
-                        constraints[name] = FieldConstraint(FIELD_FORBIDDEN, "the name of the document column")
-                    elif canonical is None:
-                        constraints[name] = FieldConstraint(INCOMPATIBLE, f"type {type_name} has no PostgreSQL "
-                                                                          "equivalent")
-                    elif have is not None and have != pg_type(canonical):
-                        constraints[name] = FieldConstraint(
-                            INCOMPATIBLE, f"the existing column has type {have}, not {pg_type(canonical)}")
-                    elif name in proposal.key:
-                        constraints[name] = FieldConstraint(LOCATION_REQUIRED, "a key of the collection")
-                    else:
-                        constraints[name] = FieldConstraint(LOCATION_RECOMMENDED, "a field of the collection")
+                    constraints[name] = field_constraint(
+                        name, proposal.key,
+                        forbidden="the name of the document column" if name == document_column else None,
+                        incompatible=f"type {type_name} has no PostgreSQL equivalent" if canonical is None
+                        else f"the existing column has type {have}, not {pg_type(canonical)}"
+                        if have is not None and have != pg_type(canonical) else None)
                 answers.append(ValidatedBinding(proposal.resource_path, constraints, proposal.delta_updates))
         return Validated(tuple(answers))
 

@@ -49,9 +49,8 @@ from headrace.errors import DataError, FeatureNotSupported, InvalidParameterValu
 from headrace.materialize.drivers.arrow_values import (
     arrow_type, documents_from_table, dump_json, normalized_type, values_from_array)
 from headrace.materialize.protocol import (
-    INCOMPATIBLE, LOCATION_RECOMMENDED, LOCATION_REQUIRED, PROTOCOL_VERSION, Acknowledged, Applied, Apply, Binding,
-    FencedOff, FieldConstraint, Load, Loaded, Open, Opened, Spec, SpecResponse, StartedCommit, Store, StoreColumns,
-    Validate, Validated, ValidatedBinding)
+    PROTOCOL_VERSION, Acknowledged, Applied, Apply, Binding, FencedOff, Load, Loaded, Open, Opened, Spec, SpecResponse,
+    StartedCommit, Store, StoreColumns, Validate, Validated, ValidatedBinding, field_constraint)
 from headrace.store.table_types import decimal_shape
 
 CONNECT_TIMEOUT_SECONDS = 10.0
@@ -231,12 +230,9 @@ class RedisConnector:
         for proposal in validate.bindings:
             constraints = {}
             for name, type_name in proposal.fields.items():
-                if arrow_type(type_name) is None and normalized_type(type_name) != "INTERVAL":
-                    constraints[name] = FieldConstraint(INCOMPATIBLE, f"type {type_name} cannot be written to Redis")
-                elif name in proposal.key:
-                    constraints[name] = FieldConstraint(LOCATION_REQUIRED, "a key of the collection")
-                else:
-                    constraints[name] = FieldConstraint(LOCATION_RECOMMENDED, "a field of the collection")
+                writable = arrow_type(type_name) is not None or normalized_type(type_name) == "INTERVAL"
+                constraints[name] = field_constraint(
+                    name, proposal.key, incompatible=None if writable else f"type {type_name} cannot be written to Redis")
             answers.append(ValidatedBinding(proposal.resource_path, constraints, proposal.delta_updates))
         return Validated(tuple(answers))
 

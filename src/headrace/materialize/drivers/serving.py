@@ -32,33 +32,9 @@ import pyarrow as pa
 
 from headrace.errors import DataError, FeatureNotSupported
 from headrace.materialize.protocol import (
-    FIELD_FORBIDDEN,
-    INCOMPATIBLE,
-    LOCATION_RECOMMENDED,
-    LOCATION_REQUIRED,
-    PROTOCOL_VERSION,
-    Acknowledged,
-    Applied,
-    Apply,
-    Binding,
-    FencedOff,
-    FieldConstraint,
-    Load,
-    LoadColumns,
-    Loaded,
-    LoadedColumns,
-    MaterializationError,
-    Open,
-    Opened,
-    Spec,
-    SpecResponse,
-    StartedCommit,
-    Store,
-    StoreColumns,
-    Validate,
-    ValidatedBinding,
-    Validated,
-)
+    PROTOCOL_VERSION, Acknowledged, Applied, Apply, Binding, FencedOff, FieldConstraint, Load, LoadColumns, Loaded,
+    LoadedColumns, MaterializationError, Open, Opened, Spec, SpecResponse, StartedCommit, Store, StoreColumns,
+    Validate, Validated, ValidatedBinding, field_constraint)
 from headrace.store.table_types import arrow_type as exact_arrow_type
 from headrace.store.table_types import document_select_sql, is_exact_store_type
 from headrace.store.table_types import to_arrow as exact_to_arrow
@@ -499,17 +475,12 @@ class ServingConnector:
             constraints: dict[str, FieldConstraint] = {}
             for name, type_name in proposal.fields.items():
                 type_name = type_name.upper()
-                if name in CHANGELOG_COLUMNS:
-                    constraints[name] = FieldConstraint(FIELD_FORBIDDEN, "the name is reserved for the changelog")
-                elif type_name not in SUPPORTED_TYPES:
-                    constraints[name] = FieldConstraint(INCOMPATIBLE, f"type {type_name} cannot be stored")
-                elif name in existing and existing[name][0] != type_name:
-                    constraints[name] = FieldConstraint(
-                        INCOMPATIBLE, f"the existing column has type {existing[name][0]}, not {type_name}")
-                elif name in proposal.key:
-                    constraints[name] = FieldConstraint(LOCATION_REQUIRED, "a key of the collection")
-                else:
-                    constraints[name] = FieldConstraint(LOCATION_RECOMMENDED, "a field of the collection")
+                constraints[name] = field_constraint(
+                    name, proposal.key,
+                    forbidden="the name is reserved for the changelog" if name in CHANGELOG_COLUMNS else None,
+                    incompatible=f"type {type_name} cannot be stored" if type_name not in SUPPORTED_TYPES
+                    else f"the existing column has type {existing[name][0]}, not {type_name}"
+                    if name in existing and existing[name][0] != type_name else None)
             answers.append(ValidatedBinding(proposal.resource_path, constraints, proposal.delta_updates))
         return Validated(tuple(answers))
 

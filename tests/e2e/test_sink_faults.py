@@ -29,7 +29,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import psycopg
 import pyarrow.dataset as ds
 import pytest
@@ -45,6 +44,7 @@ from headrace.sink.runner import sink_spec
 from headrace.sql.sink_statements import connection_from_create_sql, sink_from_create_sql
 from headrace.sql.view_serving import INTERNAL_SCHEMA
 from tests.e2e.server_process import HeadraceProcess
+from tests.e2e.webhook_client import post_all_acknowledged
 from tests.materialize.drivers.conftest import HostedDriver
 from tests.real_servers.postgres import PostgresCluster
 
@@ -67,17 +67,6 @@ Rows = list[tuple[Any, ...]]
 # ---------------------------------------------------------------------------------------------- traffic
 
 
-async def post_all(url: str, bodies: list[dict[str, Any]]) -> list[bool]:
-    """POST every body concurrently; True where the server answered 200 (acknowledged: durable)."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
-        async def post(payload: dict[str, Any]) -> bool:
-            try:
-                async with http.post(url, data=json.dumps(payload),
-                                     headers={"Content-Type": "application/json"}) as response:
-                    return response.status == 200
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                return False  # the server died under this request: not acknowledged
-        return list(await asyncio.gather(*(post(body) for body in bodies)))
 
 
 class Traffic:
@@ -113,7 +102,7 @@ class Traffic:
             self.unanswered.add(body["id"])
         bodies = [self.intended[event_id] for event_id in sorted(self.unanswered)]  # one body per id
         bodies += self.rng.sample(bodies, min(3, len(bodies)))
-        results = asyncio.run(post_all(self.url, bodies))
+        results = asyncio.run(post_all_acknowledged(self.url, bodies))
         self.posted += len(bodies)
         for body, answered in zip(bodies, results):
             if answered and self.intended[body["id"]] is body:
@@ -250,7 +239,7 @@ class Targets:
         while self.traffic.unanswered:
             assert time.monotonic() < deadline, f"{len(self.traffic.unanswered)} webhooks never answered 200"
             bodies = [self.traffic.intended[event_id] for event_id in sorted(self.traffic.unanswered)]
-            for body, answered in zip(bodies, asyncio.run(post_all(self.traffic.url, bodies))):
+            for body, answered in zip(bodies, asyncio.run(post_all_acknowledged(self.traffic.url, bodies))):
                 if answered:
                     self.traffic.unanswered.discard(body["id"])
                     self.traffic.answered += 1

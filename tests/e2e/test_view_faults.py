@@ -12,17 +12,16 @@ holds every acknowledged event exactly once.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import psycopg
 import pytest
 
 from tests.e2e.server_process import HeadraceProcess, wait_for
+from tests.e2e.webhook_client import post_all_acknowledged
 
 pytestmark = pytest.mark.e2e
 
@@ -43,17 +42,6 @@ def body(event_id: int, generation: int) -> dict[str, Any]:
             "v": (event_id * 11 + generation * 17) % 90 - 30, "gen": generation}
 
 
-async def post_all(url: str, bodies: list[dict[str, Any]]) -> list[bool]:
-    """POST every body concurrently; True where the server answered 200 (acknowledged: durable)."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        async def post(payload: dict[str, Any]) -> bool:
-            try:
-                async with http.post(url, data=json.dumps(payload),
-                                     headers={"Content-Type": "application/json"}) as response:
-                    return response.status == 200
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                return False  # the server died under this request: not acknowledged
-        return list(await asyncio.gather(*(post(b) for b in bodies)))
 
 
 def query(process: HeadraceProcess, sql: str) -> list[tuple[Any, ...]]:
@@ -106,7 +94,7 @@ def traffic_until_killed(process: HeadraceProcess, round_number: int, acknowledg
         replacements = [body(int(event_id[1:]), generation) for event_id in list(acknowledged)[burst % 3::4][:8]]
         bodies = new_events + replacements
         bodies += bodies[:6]  # exact duplicates in the same burst
-        results = asyncio.run(post_all(process.webhook_url("ev"), bodies))
+        results = asyncio.run(post_all_acknowledged(process.webhook_url("ev"), bodies, timeout=10))
         for payload, ok in zip(bodies, results):
             if ok:
                 acknowledged[payload["id"]] = max(acknowledged.get(payload["id"], -1), payload["gen"])

@@ -41,6 +41,8 @@ from headrace.log.segments import SegmentedLog  # noqa: E402
 from headrace.webhook.record import WebhookRecord, encode  # noqa: E402
 from tests.e2e.server_process import HeadraceProcess, wait_for  # noqa: E402
 from tests.real_servers.postgres import PostgresCluster  # noqa: E402
+from sink_postgres import copy_seconds  # noqa: E402 - bench/, this script's directory
+from view_pipeline import scalar  # noqa: E402
 
 VIEW = """CREATE MATERIALIZED VIEW per_key AS
 SELECT body->>'k' AS k, count(*) AS n, sum((body->>'v')::bigint) AS total, max((body->>'v')::bigint) AS hi,
@@ -62,12 +64,6 @@ def append_events(data_dir: Path, keys: int, round_: int) -> None:
             separators=(",", ":")).encode())) for n in range(start, min(keys, start + chunk))])
     log.sync()
     log.close()
-
-
-def scalar(dsn: str, sql: str) -> object:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(sql).fetchone()
-        return row[0] if row else None
 
 
 class SinkProbe:
@@ -106,22 +102,6 @@ def restart_with_events(server: HeadraceProcess, keys: int, round_: int) -> None
     append_events(server.data_dir, keys, round_)
     print(f"appended {keys:,} events to the source's log in {time.monotonic() - started:.1f} s", flush=True)
     server.start(timeout=180)
-
-
-def raw_copy_seconds(dsn: str, payload: bytes, repeats: int = 3) -> float:
-    """COPY of the sink's rows (CSV prepared beforehand) into an empty table like the sink's, committed (best of)."""
-    best = float("inf")
-    with psycopg.connect(dsn) as conn:
-        for _ in range(repeats):
-            conn.execute("DROP TABLE IF EXISTS raw_copy")
-            conn.execute(f"CREATE TABLE raw_copy (LIKE {SINK_TABLE} INCLUDING ALL)")
-            conn.commit()
-            started = time.perf_counter()
-            with conn.cursor().copy("COPY raw_copy FROM STDIN (FORMAT csv)") as copy:
-                copy.write(payload)
-            conn.commit()
-            best = min(best, time.perf_counter() - started)
-    return best
 
 
 def raw_update_seconds(dsn: str, payload: bytes, repeats: int = 3) -> float:
@@ -207,7 +187,7 @@ def main() -> None:
             assert scalar(target, f"SELECT count(*) FROM {SINK_TABLE} WHERE n = 2") == keys
 
             payload = export_csv(target)
-            raw = raw_copy_seconds(target, payload)
+            raw = copy_seconds(target, payload, f"CREATE TABLE raw_copy (LIKE {SINK_TABLE} INCLUDING ALL)")
             raw_update = raw_update_seconds(target, payload)
 
     raw_rate = keys / raw

@@ -109,16 +109,15 @@ def csv_rows(keys: int, round_: int) -> bytes:
     return csv_payload(pa.table({c.name: staged_from_arrow(c, table[c.name]) for c in columns})).to_pybytes()
 
 
-def raw_copy_seconds(dsn: str, keys: int, repeats: int = 3) -> float:
-    """The ceiling: COPY of the same rows, as CSV prepared beforehand, into an empty table, committed (best of)."""
-    payload = csv_rows(keys, 0)
+def copy_seconds(dsn: str, payload: bytes, create_table: str, repeats: int = 3) -> float:
+    """The ceiling: COPY of `payload` (CSV prepared beforehand) into a new, empty `raw_copy` made by `create_table`,
+    committed (best of `repeats`)."""
     best = float("inf")
     with psycopg.connect(dsn) as conn:
         conn.execute("SET TimeZone = 'UTC'")
         for _ in range(repeats):
             conn.execute("DROP TABLE IF EXISTS raw_copy")
-            conn.execute("CREATE TABLE raw_copy (k text PRIMARY KEY, count bigint, sum_a double precision, "
-                         "sum_b double precision, amount numeric(18,2), last_seen timestamptz, label text)")
+            conn.execute(create_table)
             conn.commit()
             started = time.perf_counter()
             with conn.cursor().copy("COPY raw_copy FROM STDIN (FORMAT csv)") as copy:
@@ -126,6 +125,13 @@ def raw_copy_seconds(dsn: str, keys: int, repeats: int = 3) -> float:
             conn.commit()
             best = min(best, time.perf_counter() - started)
     return best
+
+
+def raw_copy_seconds(dsn: str, keys: int, repeats: int = 3) -> float:
+    """COPY of the same rows as the driver's, into an empty table of the driver's shape."""
+    return copy_seconds(dsn, csv_rows(keys, 0), "CREATE TABLE raw_copy (k text PRIMARY KEY, count bigint, "
+                        "sum_a double precision, sum_b double precision, amount numeric(18,2), last_seen timestamptz, "
+                        "label text)", repeats)
 
 
 def raw_update_seconds(dsn: str, keys: int, repeats: int = 3) -> float:

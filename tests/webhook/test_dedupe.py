@@ -1,11 +1,10 @@
 """Windowed idempotency at ingest: the on-disk index, replacement records, eviction and rebuilding
-the index from the log after a crash. Real logs, real SQLite files, no HTTP."""
+the index from the log after a crash. Real logs, real RocksDB indexes, no HTTP."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import sqlite3
+import shutil
 import subprocess
 import sys
 import threading
@@ -178,8 +177,8 @@ def test_index_is_rebuilt_from_the_log_after_a_crash(tmp_path: Path) -> None:
         assert len(live_rows(tmp_path)) == 2
 
     run(scenario())
-    # The index file itself lost (or older than the log): rebuilt too.
-    os.remove(tmp_path / INDEX_FILE)
+    # The index itself lost (or older than the log): rebuilt too.
+    shutil.rmtree(tmp_path / INDEX_FILE)
     index = DedupeIndex(tmp_path / INDEX_FILE)
     assert catch_up(index, tmp_path, scan_end(tmp_path, 0)) == 3
     assert set(index.lookup([key_hash("k1"), key_hash("k2")])) == {key_hash("k1"), key_hash("k2")}
@@ -271,10 +270,13 @@ def test_write_behind_keys_are_visible_at_once_and_committed_soon(tmp_path: Path
     index.record([entry(1), entry(2)], covered_offset=200)
     assert index.lookup([entry(1)[0], entry(2)[0], entry(3)[0]]) == dict([entry(1), entry(2)])
     index.flush()
-    other = DedupeIndex(tmp_path / INDEX_FILE)  # another connection: only what is committed
-    assert other.lookup([entry(1)[0], entry(2)[0]]) == dict([entry(1), entry(2)])
-    other.close()
-    assert index.lookup([entry(1)[0]]) == dict([entry(1)])  # now read from SQLite
+    # A copy of the files as they are now (what a kill -9 would leave): only what was written.
+    shutil.copytree(tmp_path / INDEX_FILE, tmp_path / "copy", ignore=shutil.ignore_patterns("LOCK"))
+    copy = DedupeIndex(tmp_path / "copy")
+    assert copy.lookup([entry(1)[0], entry(2)[0]]) == dict([entry(1), entry(2)])
+    assert copy.covered_offset == 200
+    copy.close()
+    assert index.lookup([entry(1)[0]]) == dict([entry(1)])  # now read from RocksDB
     index.close()
 
 
@@ -308,11 +310,16 @@ def test_one_flush_of_many_statements_keeps_the_latest_entry_of_a_repeated_key(t
     reopened.close()
 
 
-def test_write_behind_waits_when_the_flusher_is_far_behind(tmp_path: Path) -> None:
-    path = tmp_path / INDEX_FILE
-    index = DedupeIndex(path, write_behind=True, max_behind=10)
-    blocker = sqlite3.connect(path, isolation_level=None)
-    blocker.execute("BEGIN IMMEDIATE")  # another writer holds SQLite's write lock: nothing commits
+def test_write_behind_waits_when_the_flusher_is_far_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    index = DedupeIndex(tmp_path / INDEX_FILE, write_behind=True, max_behind=10)
+    unblocked = threading.Event()
+    write = DedupeIndex._write
+
+    def stalled_write(self: DedupeIndex, entries: list[tuple[bytes, KeyEntry]], covered_offset: int) -> None:
+        unblocked.wait()  # a disk that does not take writes: nothing is written
+        write(self, entries, covered_offset)
+
+    monkeypatch.setattr(DedupeIndex, "_write", stalled_write)
     finished = threading.Event()
 
     def producer() -> None:
@@ -324,21 +331,22 @@ def test_write_behind_waits_when_the_flusher_is_far_behind(tmp_path: Path) -> No
     thread.start()
     assert not finished.wait(0.5)  # the queue is over its bound: record() waits
     assert index.lookup([entry(0)[0]]) == dict([entry(0)])  # lookups still answer meanwhile
-    blocker.execute("COMMIT")
+    unblocked.set()
     assert finished.wait(10)
     thread.join()
     assert index.count() == 50
     index.close()
-    blocker.close()
 
 
 _CRASH_AFTER_INGEST = """
-import asyncio, os, sys
+import asyncio, os, sys, threading
 from pathlib import Path
 from headrace.catalog.items import WebhookSource
+from headrace.webhook.dedupe import DedupeIndex
 from headrace.webhook.ingest import SourceIngestor
 
 async def main() -> None:
+    DedupeIndex._write = lambda self, entries, covered_offset: threading.Event().wait()  # nothing reaches disk
     source = WebhookSource(id="u1", name="events", body_format="json", include_headers=False,
                            idempotent_expr="body->>'id'", create_sql="CREATE SOURCE events FROM WEBHOOK BODY FORMAT JSON")
     ingestor = SourceIngestor(source, Path(sys.argv[1]))
@@ -353,16 +361,11 @@ asyncio.run(main())
 
 def test_entries_lost_from_the_write_behind_queue_are_caught_up_from_the_log(tmp_path: Path) -> None:
     SegmentedLog(tmp_path).close()
-    DedupeIndex(tmp_path / INDEX_FILE).close()
-    blocker = sqlite3.connect(tmp_path / INDEX_FILE, isolation_level=None)
-    blocker.execute("BEGIN IMMEDIATE")  # the flusher cannot commit before the crash
     result = subprocess.run([sys.executable, "-c", _CRASH_AFTER_INGEST, str(tmp_path)], capture_output=True,
                             text=True, timeout=60)
-    blocker.execute("ROLLBACK")
-    blocker.close()
     assert result.stdout.strip() == "acknowledged", result.stderr
     committed = DedupeIndex(tmp_path / INDEX_FILE)
-    assert committed.count() == 0  # none of the 20 keys reached SQLite
+    assert committed.count() == 0  # none of the 20 keys reached the index
     committed.close()
 
     async def scenario() -> None:

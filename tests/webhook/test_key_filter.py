@@ -59,7 +59,7 @@ def test_lookups_answer_the_same_with_the_filter(tmp_path_factory: object, befor
     filtered = DedupeIndex(directory / INDEX_FILE, write_behind=write_behind, filter_bytes=1 << 12)
     wait_complete(filtered)
     filtered.record(entries(after), covered_offset=2)
-    reference = DedupeIndex(directory / "reference.sqlite3", write_behind=write_behind)
+    reference = DedupeIndex(directory / "reference.rocksdb", write_behind=write_behind)
     reference.record(entries(before) + entries(after), covered_offset=2)
     asked = [key_hash(str(key)) for key in sorted(probes | before | after)]
     assert filtered.lookup(asked) == reference.lookup(asked)

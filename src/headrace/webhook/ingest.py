@@ -54,8 +54,8 @@ class IngestSettings:
     group_commit_max_batch: int = 1024  # rows per fsync
     group_commit_max_wait_ms: float = 0.0  # wait this long for a batch to fill: throughput against latency
     request_log_size: int = 100  # requests kept per source in headrace_internal.webhook_requests
-    dedupe_cache_mb: int = 32  # SQLite page cache per source's idempotency index
-    dedupe_filter_mb: int = 8  # Bloom filter per source's idempotency index (fresh keys skip SQLite)
+    dedupe_cache_mb: int = 32  # RocksDB block cache per source's idempotency index
+    dedupe_filter_mb: int = 8  # Bloom filter per source's idempotency index (fresh keys skip the on-disk lookup)
     eviction_interval_s: float = 60.0  # how often keys older than the window are forgotten
 
 

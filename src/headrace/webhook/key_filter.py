@@ -1,11 +1,11 @@
-"""A Bloom filter over the idempotency index's key hashes: "certainly never recorded" without SQLite.
+"""A Bloom filter over the idempotency index's key hashes: "certainly never recorded" without the on-disk index.
 
-Almost every webhook carries a fresh key, and a SQLite lookup of a random 16-byte key costs several
+Almost every webhook carries a fresh key, and an on-disk lookup of a random 16-byte key costs several
 microseconds per key in the group-commit thread; a miss in this filter settles it in about one.
 A hit (a known key, or a false positive) falls through to the index, so the filter only has to
 never say "absent" for a recorded key:
 
-- bits are only ever set (eviction leaves them: an evicted key costs a SQLite lookup, no more);
+- bits are only ever set (eviction leaves them: an evicted key costs an index lookup, no more);
 - the key hashes are blake2b digests already, so the bit positions are slices of them;
 - until `mark_complete` (the keys already on disk were loaded, in the background at start-up) it
   answers "maybe" for everything.

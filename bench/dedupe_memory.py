@@ -48,9 +48,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def fill(index_path: Path, keys: int) -> float:
-    """Bulk fill through DedupeIndex.record, in key-hash order: B-tree appends instead of random
-    inserts (what makes 10 million keys take minutes, not hours). The fill's page cache is large;
-    the server reopens the index with its own bounded cache."""
+    """Bulk fill through DedupeIndex.record (RocksDB writes, in key-hash order: the sorted runs
+    need less compaction). The server reopens the index with its own bounded cache."""
     now_us = time.time_ns() // 1000
     started = time.monotonic()
     digests = np.frombuffer(b"".join(key_hash(f"filled-{n}") for n in range(keys)), dtype=">u8").reshape(-1, 2)
@@ -93,7 +92,7 @@ def main() -> None:
         [log_dir] = [path for path in (server.data_dir / "logs").iterdir() if (path / INDEX_FILE).exists()]
         server.stop()
         rate = fill(log_dir / INDEX_FILE, args.keys)
-        size_mb = sum(f.stat().st_size for f in log_dir.iterdir() if f.name.startswith(INDEX_FILE)) / 1e6
+        size_mb = sum(f.stat().st_size for f in (log_dir / INDEX_FILE).rglob("*") if f.is_file()) / 1e6
         print(f"filled {args.keys:,} keys at {rate:,.0f} keys/s; index files {size_mb:,.0f} MB", flush=True)
         server.start()
         try:

@@ -41,8 +41,9 @@ def main(argv: list[str] | None = None) -> None:
                          help="wait up to this long for a batch to fill: fewer fsyncs, slower 200s (default 0)")
     webhook.add_argument("--webhook-request-log-size", type=int, default=100,
                          help="requests kept per source in headrace_internal.webhook_requests (default 100)")
-    webhook.add_argument("--webhook-eviction-interval-s", type=float, default=60.0,
-                         help="how often idempotency keys older than the window are forgotten (default 60)")
+    webhook.add_argument("--webhook-eviction-interval-s", type=float, default=1.0,
+                         help="how often idempotency keys older than the window are forgotten (default 1: a "
+                              "second's expired keys at a time, small enough not to stall requests)")
     driver_test = commands.add_parser(
         "driver-test", help="run the driver conformance kit against a sink driver (docs/drivers.md)",
         description="Drive a sink driver through scripted transactions, restarts at every phase boundary, a zombie "

@@ -143,6 +143,19 @@ def test_same_key_concurrently_in_one_batch_makes_one_row(tmp_path: Path) -> Non
     run(scenario())
 
 
+def test_eviction_keeps_a_key_that_arrived_again_and_drops_its_stale_arrival(tmp_path: Path) -> None:
+    index = DedupeIndex(tmp_path / INDEX_FILE)
+    again, once = key_hash("again"), key_hash("once")
+    index.record([(again, KeyEntry(1, b"a" * 8, 0)), (once, KeyEntry(2, b"o" * 8, 40))], covered_offset=80)
+    index.record([(again, KeyEntry(10, b"b" * 8, 80))], covered_offset=120)
+    assert index.evict(older_than_us=5) == 1  # "once"; the first arrival of "again" is stale
+    assert index.lookup([again, once]) == {again: KeyEntry(10, b"b" * 8, 80)}
+    assert index.evict(older_than_us=5) == 0  # nothing older is left, not even the stale mark
+    assert index.evict(older_than_us=11) == 1
+    assert (index.lookup([again]), index.count()) == ({}, 0)
+    index.close()
+
+
 def test_keys_older_than_the_window_are_new_again(tmp_path: Path) -> None:
     async def scenario() -> None:
         ingestor = SourceIngestor(keyed_source(), tmp_path, window_us=10 * SECOND)

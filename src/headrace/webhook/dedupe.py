@@ -290,10 +290,10 @@ class DedupeIndex:
             self._db.put(_COVERED, _OFFSET.pack(covered_offset))
             self._covered_offset = covered_offset
 
-    def evict(self, older_than_us: int, limit: int = 5_000) -> int:
+    def evict(self, older_than_us: int, limit: int = 1_000) -> int:
         """Forget up to `limit` keys that arrived before `older_than_us`; returns how many (fewer than
         `limit`: none older is left). Arrival marks whose key arrived again since are stale: they go,
-        uncounted, and the key stays."""
+        uncounted, and the key stays. Written _WRITE_CHUNK marks at a time, as `_write` does."""
         self.flush()
         end = _arrival_key(older_than_us, b"")
         forgotten = 0
@@ -302,7 +302,7 @@ class DedupeIndex:
                 iterator = self._db.iter()
                 iterator.seek(_BY_ARRIVAL)
                 marks: list[bytes] = []
-                while iterator.valid() and len(marks) < limit - forgotten:
+                while iterator.valid() and len(marks) < min(_WRITE_CHUNK, limit - forgotten):
                     mark = iterator.key()
                     if mark >= end:
                         break

@@ -56,7 +56,10 @@ class IngestSettings:
     request_log_size: int = 100  # requests kept per source in headrace_internal.webhook_requests
     dedupe_cache_mb: int = 32  # RocksDB block cache per source's idempotency index
     dedupe_filter_mb: int = 8  # Bloom filter per source's idempotency index (fresh keys skip the on-disk lookup)
-    eviction_interval_s: float = 60.0  # how often keys older than the window are forgotten
+    # How often keys older than the window are forgotten. Often: each run forgets what expired since
+    # the last one, and forgetting holds the GIL about as long per key as recording did (webhook/dedupe.py),
+    # so a minute's keys at once would stall the event loop the way half-second flushes did.
+    eviction_interval_s: float = 1.0
 
 
 class DedupeCodec:
@@ -202,7 +205,7 @@ class SourceIngestor:
         """Why the log refuses writes (after an fsync error it needs reopening), or None."""
         return self._committer.failure
 
-    async def evict_expired(self, now_us: int | None = None, batch: int = 5_000) -> int:
+    async def evict_expired(self, now_us: int | None = None, batch: int = 1_000) -> int:
         """Forget keys older than the window (in the background, batch by batch); returns how many."""
         if self._index is None:
             return 0

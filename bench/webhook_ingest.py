@@ -15,9 +15,10 @@ the target, the ratio to the uvloop no-op says how much of the gap the loop alon
 Throughput: wrk -t1 (Lua script: a fresh Idempotency-Key per request, ~100-byte JSON). Latency: an
 open-loop asyncio client at half of each receiver's measured maximum (wrk2 is not packaged), latency
 counted from each request's scheduled send time so a stall is not hidden (no coordinated omission).
-headrace's latency is measured twice: right after the throughput burst, while its pipeline (at idle
-priority) still works through the burst's rows, and again once it has caught up (the steady state at half
-the rate, the pipeline keeping up with it). Also prints, for headrace, how long the pipeline takes
+headrace's latency is measured three times: right after the throughput burst, while its pipeline (at idle
+priority) still works through the burst's rows; again once it has caught up (the steady state at half
+the rate, the pipeline keeping up with it); and on a source with WINDOW '5 seconds', where idempotency
+keys are evicted as fast as they arrive (the steady state of a source older than its window). Also prints, for headrace, how long the pipeline takes
 to catch up with the burst, then freshness (200 -> visible in SELECT) at 10 requests/s, and the CPU
 each receiver spent per request during its throughput run (from /proc: steadier than req/s on a
 machine shared with other work; for headrace the server process and, apart, its pipeline
@@ -378,6 +379,8 @@ def main() -> None:
                 conn.execute("CREATE SOURCE load FROM WEBHOOK BODY FORMAT JSON INCLUDE HEADERS "
                              "IDEMPOTENT (headers->>'idempotency-key')")
                 conn.execute("CREATE SOURCE fresh FROM WEBHOOK BODY FORMAT JSON IDEMPOTENT (body->>'seq')")
+                conn.execute("CREATE SOURCE windowed FROM WEBHOOK BODY FORMAT JSON INCLUDE HEADERS "
+                             "IDEMPOTENT (headers->>'idempotency-key') WINDOW '5 seconds'")
             time.sleep(args.warmup)
             assert server.process is not None
             server_cpu = CpuMeter([server.process.pid])
@@ -396,6 +399,11 @@ def main() -> None:
             print(f"  pipeline caught up with the burst {catch_up_seconds(server):.1f} s after it", flush=True)
             print(f"  latency, pipeline caught up "
                   f"{latency_run(server.webhook_url('load'), rate / 2, args.latency_seconds)}", flush=True)
+            # Steady state once keys start leaving the window: eviction (every second) forgets as many
+            # keys as arrive. The first 6 s fill the window, the next 10 s are measured.
+            latency_run(server.webhook_url("windowed"), rate / 2, 6)
+            print(f"  latency with eviction running (WINDOW '5 seconds') "
+                  f"{latency_run(server.webhook_url('windowed'), rate / 2, args.latency_seconds)}", flush=True)
             catch_up_seconds(server)
             print(f"  freshness (200 -> visible in SELECT, 10 req/s): {freshness(server, args.freshness_samples)}",
                   flush=True)

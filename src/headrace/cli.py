@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     webhook.add_argument("--webhook-request-log-size", type=int, default=100,
                          help="requests kept per source in headrace_internal.webhook_requests (default 100)")
     webhook.add_argument("--webhook-eviction-interval-s", type=float, default=1.0,
-                         help="how often idempotency keys older than the window are forgotten (default 1: a "
-                              "second's expired keys at a time, small enough not to stall requests)")
+                         help="how often idempotency keys older than the window are forgotten (default 1)")
     driver_test = commands.add_parser(
         "driver-test", help="run the driver conformance kit against a sink driver (docs/drivers.md)",
         description="Drive a sink driver through scripted transactions, restarts at every phase boundary, a zombie "

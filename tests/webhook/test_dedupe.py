@@ -67,16 +67,18 @@ def test_index_lookup_record_and_covered_offset_survive_reopening(tmp_path: Path
     reopened.close()
 
 
-def test_eviction_forgets_only_keys_older_than_the_cutoff_in_batches(tmp_path: Path) -> None:
-    index = DedupeIndex(tmp_path / INDEX_FILE)
+def test_eviction_drops_whole_buckets_older_than_the_cutoff(tmp_path: Path) -> None:
+    index = DedupeIndex(tmp_path / INDEX_FILE, bucket_us=100)
     index.record([(key_hash(str(n)), KeyEntry(n, b"h" * 8, n)) for n in range(1000)], covered_offset=1000)
-    assert index.evict(older_than_us=700, limit=300) == 300
-    assert index.evict(older_than_us=700, limit=300) == 300
-    assert index.evict(older_than_us=700, limit=300) == 100
-    assert index.evict(older_than_us=700, limit=300) == 0
+    assert index.evict(older_than_us=750) == 7  # [0, 700); 700-749 share a bucket with 750-799
+    assert index.evict(older_than_us=750) == 0
     assert index.count() == 300
     assert set(index.lookup([key_hash("699"), key_hash("700")])) == {key_hash("700")}
     index.close()
+    reopened = DedupeIndex(tmp_path / INDEX_FILE, bucket_us=7)  # an index keeps the width it was made with
+    assert reopened.bucket_us == 100
+    assert (reopened.evict(older_than_us=1000), reopened.count()) == (3, 0)
+    reopened.close()
 
 
 def run(coroutine: object) -> object:
@@ -143,15 +145,15 @@ def test_same_key_concurrently_in_one_batch_makes_one_row(tmp_path: Path) -> Non
     run(scenario())
 
 
-def test_eviction_keeps_a_key_that_arrived_again_and_drops_its_stale_arrival(tmp_path: Path) -> None:
-    index = DedupeIndex(tmp_path / INDEX_FILE)
+def test_a_key_that_arrived_again_outlives_the_bucket_of_its_first_arrival(tmp_path: Path) -> None:
+    index = DedupeIndex(tmp_path / INDEX_FILE, bucket_us=5)
     again, once = key_hash("again"), key_hash("once")
     index.record([(again, KeyEntry(1, b"a" * 8, 0)), (once, KeyEntry(2, b"o" * 8, 40))], covered_offset=80)
     index.record([(again, KeyEntry(10, b"b" * 8, 80))], covered_offset=120)
-    assert index.evict(older_than_us=5) == 1  # "once"; the first arrival of "again" is stale
+    assert index.lookup([again, once]) == {again: KeyEntry(10, b"b" * 8, 80), once: KeyEntry(2, b"o" * 8, 40)}
+    assert index.evict(older_than_us=5) == 1  # the bucket of "once" and of the first "again"
     assert index.lookup([again, once]) == {again: KeyEntry(10, b"b" * 8, 80)}
-    assert index.evict(older_than_us=5) == 0  # nothing older is left, not even the stale mark
-    assert index.evict(older_than_us=11) == 1
+    assert index.evict(older_than_us=15) == 1
     assert (index.lookup([again]), index.count()) == ({}, 0)
     index.close()
 
@@ -165,10 +167,14 @@ def test_keys_older_than_the_window_are_new_again(tmp_path: Path) -> None:
         assert len(live_rows(tmp_path)) == 1
         await ingestor.ingest([], b'{"id": 1}', 29 * SECOND)  # 11 s after the last write: forgotten
         assert len(live_rows(tmp_path)) == 2
-        # Eviction removes expired keys from disk; the live ones stay.
+        # Eviction removes expired keys from disk (1-second buckets for a 10-second window); the live ones stay.
         await ingestor.ingest([], b'{"id": 2}', 29 * SECOND)
-        assert await ingestor.evict_expired(now_us=35 * SECOND) == 0
-        assert await ingestor.evict_expired(now_us=40 * SECOND) == 2
+        index = ingestor._index
+        assert index is not None and index.bucket_us == SECOND
+        assert await ingestor.evict_expired(now_us=35 * SECOND) == 3  # the buckets of 0, 9 and 18 s
+        assert set(index.lookup([key_hash("1"), key_hash("2")])) == {key_hash("1"), key_hash("2")}
+        assert await ingestor.evict_expired(now_us=40 * SECOND) == 1
+        assert index.lookup([key_hash("1"), key_hash("2")]) == {}
         await ingestor.close()
 
     run(scenario())

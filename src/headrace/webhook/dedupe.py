@@ -2,20 +2,26 @@
 
 On disk, so memory does not grow with the number of keys (seed 002's windowed idempotency): one
 RocksDB database (rocksdict) beside the source's log. Its keys:
-- `k` + a 16-byte blake2b of the idempotency key -> the row's arrival time, a hash of its body and
-  its log offset;
-- `t` + arrival time + key hash -> nothing: arrival order, for eviction after the window (an entry
-  whose key arrived again since is stale and is only dropped);
+- `k` + time bucket + a 16-byte blake2b of the idempotency key -> the row's arrival time, a hash of
+  its body and its log offset. A bucket is a fixed span of arrival time (a sixteenth of the window
+  the index was created for, at least a second, kept in `w`);
 - `m` -> the log offset the index covers.
-A bounded block cache and small memtables keep RSS flat however many keys there are.
+Eviction drops whole buckets older than the window with one range deletion: no per-key work, so
+forgetting a window's keys costs nothing on the ingest path. A key that arrives again is written
+into the current bucket; its older entry stays until its bucket goes, and `lookup` takes the latest.
+Keys stay on disk up to one bucket longer than the window; the ingest path compares each key's
+arrival with the window itself. A bounded block cache and small memtables keep RSS flat however
+many keys there are.
 
 Why a log-structured store and not a B-tree (it was SQLite before): fresh idempotency keys are
 random, so a B-tree transaction dirties about one 4 KiB page per key, written to the WAL and again
 by the checkpoint: at 10,000 webhooks/s ~40 MB/s of writes and 7 us of CPU per key. Measured at
 10,000 requests/s on 2 cores, ack p99: 14-25 ms with SQLite, 9 ms with no index writes at all,
 8-12 ms with RocksDB written every 50 ms. RocksDB appends a batch to its write-ahead log (no
-fsync) and a memtable, about 1.6 us per key, and sorts to disk in background threads that do not
-hold the GIL (writes themselves do: see _FLUSH_LINGER_S).
+fsync) and a memtable, under a microsecond per key, and sorts to disk in background threads that
+do not hold the GIL (writes themselves do: see _FLUSH_LINGER_S). Per-key eviction (an arrival-order
+mark per key, deleted when it expired) held the GIL as long again and took the p99 to 16-43 ms
+once keys expired as fast as they arrived; time buckets take that cost away.
 
 The index is derived state: the log is the truth. It is updated only after the records it names
 are durable in the log, and each update carries the log offset it covers, written last. RocksDB
@@ -47,6 +53,7 @@ from typing import NamedTuple
 
 from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
+from headrace.catalog.items import DEFAULT_WINDOW_US
 from headrace.log.group_commit import name_os_thread
 from headrace.log.reader import read_records
 from headrace.webhook.key_filter import KeyFilter
@@ -65,11 +72,13 @@ _WRITE_CHUNK = 256  # entries per RocksDB write: rocksdict holds the GIL while w
 _MEMTABLE_BYTES = 16 << 20  # per memtable (two at most): also bounds what a crash leaves to replay
 _FILTER_LOAD_CHUNK = 20_000
 
-_MAIN, _BY_ARRIVAL, _COVERED = b"k", b"t", b"m"
+_MAIN, _COVERED, _BUCKET_WIDTH = b"k", b"m", b"w"
 _VALUE = struct.Struct(">q8sq")  # received_at_us, body_hash, log_offset
-_TIME = struct.Struct(">Q")  # arrival time with the sign bit flipped: byte order is time order
+_BUCKET = struct.Struct(">Q")  # bucket number with the sign bit flipped: byte order is time order
 _OFFSET = struct.Struct(">q")
 _SIGN = 1 << 63
+_BUCKETS_PER_WINDOW = 16
+_MIN_BUCKET_US = 1_000_000
 
 
 def key_hash(key: str) -> bytes:
@@ -95,8 +104,20 @@ Entry = tuple[int, bytes, int]  # (received_at_us, body_hash, log_offset)
 RECEIVED_AT_US, BODY_HASH, LOG_OFFSET = 0, 1, 2
 
 
-def _arrival_key(received_at_us: int, key: bytes) -> bytes:
-    return _BY_ARRIVAL + _TIME.pack((received_at_us + _SIGN) & (_SIGN * 2 - 1)) + key
+def bucket_width_for(window_us: int) -> int:
+    """The span of arrival time one bucket holds, for an index created for `window_us`."""
+    return max(_MIN_BUCKET_US, window_us // _BUCKETS_PER_WINDOW)
+
+
+def _bucket_prefix(bucket: int) -> bytes:
+    return _MAIN + _BUCKET.pack((bucket + _SIGN) & (_SIGN * 2 - 1))
+
+
+_PREFIX_BYTES = len(_MAIN) + _BUCKET.size
+
+
+def _bucket_of_key(db_key: bytes) -> int:
+    return _BUCKET.unpack(db_key[len(_MAIN):_PREFIX_BYTES])[0] - _SIGN
 
 
 def _open_rocksdb(path: Path, cache_bytes: int) -> Rdict:
@@ -128,7 +149,9 @@ class DedupeIndex:
     writes to RocksDB (reads need no lock), `_queue_changed` guards the overlay and the queue."""
 
     def __init__(self, path: Path, cache_bytes: int = 32 << 20, *, write_behind: bool = False,
-                 max_behind: int = _MAX_BEHIND, filter_bytes: int = 0) -> None:
+                 max_behind: int = _MAX_BEHIND, filter_bytes: int = 0, bucket_us: int | None = None) -> None:
+        """`bucket_us`: the bucket width for a new index (default: bucket_width_for the default window);
+        an existing index keeps the width it was created with."""
         self.path = path
         self._lock = threading.Lock()
         self._db = _open_rocksdb(path, cache_bytes)
@@ -143,6 +166,13 @@ class DedupeIndex:
         self._flush_error: BaseException | None = None
         self._flusher: threading.Thread | None = None
         self._closed = False
+        width = self._db.get(_BUCKET_WIDTH)
+        if width is None:
+            self.bucket_us = bucket_us or bucket_width_for(DEFAULT_WINDOW_US)
+            self._db.put(_BUCKET_WIDTH, _OFFSET.pack(self.bucket_us))
+        else:
+            self.bucket_us = _OFFSET.unpack(width)[0]
+        self._buckets = self._scan_buckets()  # ascending; written under _lock, read as a whole (a list swap)
         covered = self._db.get(_COVERED)
         self._covered_offset = _OFFSET.unpack(covered)[0] if covered is not None else 0
         self._filter: KeyFilter | None = None
@@ -178,10 +208,16 @@ class DedupeIndex:
         unique = list(dict.fromkeys(hashes))
         if not unique:
             return found
-        values = self._db.get([_MAIN + key for key in unique])  # a multi-get: rocksdict releases the GIL
-        for key, value in zip(unique, values):
+        prefixes = [_bucket_prefix(bucket) for bucket in self._buckets]
+        # One multi-get over every bucket (rocksdict releases the GIL for it); the latest arrival wins.
+        values = self._db.get([prefix + key for prefix in prefixes for key in unique])
+        for position, value in enumerate(values):
             if value is not None:
-                found[key] = _VALUE.unpack(value)
+                key = unique[position % len(unique)]
+                entry = _VALUE.unpack(value)
+                previous = found.get(key)
+                if previous is None or entry[RECEIVED_AT_US] >= previous[RECEIVED_AT_US]:
+                    found[key] = entry
         return found
 
     def record(self, entries: Sequence[tuple[bytes, Entry]], covered_offset: int) -> None:
@@ -267,7 +303,7 @@ class DedupeIndex:
                     key = iterator.key()
                     if key[:1] != _MAIN:
                         break
-                    chunk.append(key[1:])
+                    chunk.append(key[_PREFIX_BYTES:])
                     iterator.next()
                 with self._queue_changed:
                     key_filter.add_all(chunk)
@@ -280,46 +316,46 @@ class DedupeIndex:
     def _write(self, entries: Sequence[tuple[bytes, Entry]], covered_offset: int) -> None:
         """Entries in order (a key given twice keeps its later entry), then the covered offset, last:
         RocksDB recovers a prefix of its writes, so the offset never covers an entry that was lost."""
+        width = self.bucket_us
         with self._lock:
             for start in range(0, len(entries), _WRITE_CHUNK):
                 batch = WriteBatch(raw_mode=True)
-                for key, (received_at_us, body, offset) in entries[start:start + _WRITE_CHUNK]:
-                    batch.put(_MAIN + key, _VALUE.pack(received_at_us, body, offset))
-                    batch.put(_arrival_key(received_at_us, key), b"")
+                chunk = entries[start:start + _WRITE_CHUNK]
+                buckets = {received_at_us // width for _, (received_at_us, _, _) in chunk}
+                if not buckets.issubset(self._buckets):
+                    self._buckets = sorted(buckets.union(self._buckets))  # before the write: lookups see it
+                prefixes = {bucket: _bucket_prefix(bucket) for bucket in buckets}
+                for key, (received_at_us, body, offset) in chunk:
+                    batch.put(prefixes[received_at_us // width] + key, _VALUE.pack(received_at_us, body, offset))
                 self._db.write(batch)
             self._db.put(_COVERED, _OFFSET.pack(covered_offset))
             self._covered_offset = covered_offset
 
-    def evict(self, older_than_us: int, limit: int = 1_000) -> int:
-        """Forget up to `limit` keys that arrived before `older_than_us`; returns how many (fewer than
-        `limit`: none older is left). Arrival marks whose key arrived again since are stale: they go,
-        uncounted, and the key stays. Written _WRITE_CHUNK marks at a time, as `_write` does."""
+    def evict(self, older_than_us: int) -> int:
+        """Forget the buckets whose every key arrived before `older_than_us` (one range deletion);
+        returns how many buckets went."""
         self.flush()
-        end = _arrival_key(older_than_us, b"")
-        forgotten = 0
         with self._lock:
-            while forgotten < limit:
-                iterator = self._db.iter()
-                iterator.seek(_BY_ARRIVAL)
-                marks: list[bytes] = []
-                while iterator.valid() and len(marks) < min(_WRITE_CHUNK, limit - forgotten):
-                    mark = iterator.key()
-                    if mark >= end:
-                        break
-                    marks.append(mark)
-                    iterator.next()
-                del iterator
-                if not marks:
-                    break
-                keys = [mark[1 + _TIME.size:] for mark in marks]
-                batch = WriteBatch(raw_mode=True)
-                for mark, key, value in zip(marks, keys, self._db.get([_MAIN + key for key in keys])):
-                    batch.delete(mark)
-                    if value is not None and _arrival_key(_VALUE.unpack(value)[RECEIVED_AT_US], key) == mark:
-                        batch.delete(_MAIN + key)
-                        forgotten += 1
-                self._db.write(batch)
-        return forgotten
+            expired = [bucket for bucket in self._buckets if (bucket + 1) * self.bucket_us <= older_than_us]
+            if not expired:
+                return 0
+            self._db.delete_range(_bucket_prefix(expired[0]), _bucket_prefix(expired[-1] + 1))
+            self._buckets = self._buckets[len(expired):]
+            return len(expired)
+
+    def _scan_buckets(self) -> list[int]:
+        """The buckets holding keys: one seek per bucket."""
+        buckets: list[int] = []
+        iterator = self._db.iter()
+        iterator.seek(_MAIN)
+        while iterator.valid():
+            key = iterator.key()
+            if key[:len(_MAIN)] != _MAIN:
+                break
+            bucket = _bucket_of_key(key)
+            buckets.append(bucket)
+            iterator.seek(_bucket_prefix(bucket + 1))
+        return buckets
 
     def reset(self) -> None:
         """Forget everything (the log must then be replayed from its start)."""
@@ -329,7 +365,9 @@ class DedupeIndex:
                 with self._queue_changed:
                     self._filter.clear()
             self._db.delete_range(b"\x00", b"\xff")
+            self._db.put(_BUCKET_WIDTH, _OFFSET.pack(self.bucket_us))
             self._covered_offset = 0
+            self._buckets = []
 
     def count(self) -> int:
         """How many keys the index holds (a scan: for tests and tools, not the ingest path)."""

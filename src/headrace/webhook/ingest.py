@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from hashlib import blake2b as _blake2b
 from pathlib import Path
 
-from headrace.catalog.items import WebhookSource
+from headrace.catalog.items import DEFAULT_WINDOW_US, WebhookSource
 from headrace.errors import DuplicateObject, InternalError
 from headrace.log.group_commit import GroupCommitter, Settled
 from headrace.log.segments import HEADER_BYTES, SegmentedLog
-from headrace.webhook.dedupe import BODY_HASH, INDEX_FILE, LOG_OFFSET, RECEIVED_AT_US, DedupeIndex, Entry, catch_up
+from headrace.webhook.dedupe import (BODY_HASH, INDEX_FILE, LOG_OFFSET, RECEIVED_AT_US, DedupeIndex, Entry,
+                                     bucket_width_for, catch_up)
 from headrace.webhook.handler import Headers, WebhookHandler
 from headrace.webhook.metrics import SourceMetrics
 from headrace.webhook.record import WebhookRecord, encode
@@ -39,7 +40,6 @@ from headrace.webhook.request_log import RequestLog
 log = logging.getLogger(__name__)
 
 SourceKey = tuple[str, str, str]  # (database, schema, name)
-DEFAULT_WINDOW_US = 24 * 3600 * 1_000_000
 
 NEW, DUPLICATE, REPLACED = 0, 1, 2  # what the index made of a row
 
@@ -56,10 +56,7 @@ class IngestSettings:
     request_log_size: int = 100  # requests kept per source in headrace_internal.webhook_requests
     dedupe_cache_mb: int = 32  # RocksDB block cache per source's idempotency index
     dedupe_filter_mb: int = 8  # Bloom filter per source's idempotency index (fresh keys skip the on-disk lookup)
-    # How often keys older than the window are forgotten. Often: each run forgets what expired since
-    # the last one, and forgetting holds the GIL about as long per key as recording did (webhook/dedupe.py),
-    # so a minute's keys at once would stall the event loop the way half-second flushes did.
-    eviction_interval_s: float = 1.0
+    eviction_interval_s: float = 1.0  # how often the index's buckets older than the window are dropped (cheap)
 
 
 class DedupeCodec:
@@ -140,17 +137,19 @@ class SourceIngestor:
         self.in_flight = 0
         self._log = SegmentedLog(log_dir)
         self._index: DedupeIndex | None = None
+        window = window_us if window_us is not None else _window_of(source)
         try:
             if source.idempotent_expr is not None:
                 self._index = DedupeIndex(log_dir / INDEX_FILE, cache_bytes=self.settings.dedupe_cache_mb << 20,
-                                          write_behind=True, filter_bytes=self.settings.dedupe_filter_mb << 20)
+                                          write_behind=True, filter_bytes=self.settings.dedupe_filter_mb << 20,
+                                          bucket_us=bucket_width_for(window))
                 replayed = catch_up(self._index, log_dir, self._log.end_offset)
                 if replayed:
                     log.info("%s: idempotency index caught up over %d log records", source.name, replayed)
         except BaseException:
             self._close_files()
             raise
-        self._codec = DedupeCodec(self._index, window_us if window_us is not None else _window_of(source), self.metrics)
+        self._codec = DedupeCodec(self._index, window, self.metrics)
         self._committer = GroupCommitter(self._log, max_batch=self.settings.group_commit_max_batch,
                                          max_wait_s=self.settings.group_commit_max_wait_ms / 1000,
                                          codec=self._codec)
@@ -205,17 +204,12 @@ class SourceIngestor:
         """Why the log refuses writes (after an fsync error it needs reopening), or None."""
         return self._committer.failure
 
-    async def evict_expired(self, now_us: int | None = None, batch: int = 1_000) -> int:
-        """Forget keys older than the window (in the background, batch by batch); returns how many."""
+    async def evict_expired(self, now_us: int | None = None) -> int:
+        """Forget the index's time buckets older than the window (webhook/dedupe.py); returns how many."""
         if self._index is None:
             return 0
         cutoff = (now_us if now_us is not None else time.time_ns() // 1000) - self.window_us
-        total = 0
-        while True:
-            removed = await asyncio.to_thread(self._index.evict, cutoff, batch)
-            total += removed
-            if removed < batch:
-                return total
+        return await asyncio.to_thread(self._index.evict, cutoff)
 
     async def _evict_forever(self) -> None:
         while True:

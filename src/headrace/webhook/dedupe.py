@@ -64,11 +64,11 @@ _FORMER_INDEX_FILES = ("dedupe.sqlite3", "dedupe.sqlite3-wal", "dedupe.sqlite3-s
 _CATCH_UP_CHUNK = 10_000
 _MAX_BEHIND = 50_000  # entries queued for the flusher before `record` waits (bounds the overlay's memory)
 # The flusher gathers this long. Short: a RocksDB write costs the same per entry in any batch, and
-# one flush holds the GIL for about 1.6 us per entry, so half a second's worth (5,000 entries at
-# 10,000 webhooks/s) was a 10-15 ms stall of the event loop; at 0.05 s the ack p99 at 10,000/s
-# went from 17-19 ms to 8-12 ms.
+# holds the GIL throughout, so half a second's worth (5,000 entries at 10,000 webhooks/s, with an
+# arrival mark per key then: 1.6 us each) stalled the event loop for 10-15 ms; at 0.05 s the ack p99
+# at 10,000/s went from 17-19 ms to 8-12 ms.
 _FLUSH_LINGER_S = 0.05
-_WRITE_CHUNK = 256  # entries per RocksDB write: rocksdict holds the GIL while writing (~0.3 ms for this many)
+_WRITE_CHUNK = 256  # entries per RocksDB write: rocksdict holds the GIL while writing (~0.2 ms for this many)
 _MEMTABLE_BYTES = 16 << 20  # per memtable (two at most): also bounds what a crash leaves to replay
 _FILTER_LOAD_CHUNK = 20_000
 

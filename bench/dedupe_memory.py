@@ -28,7 +28,11 @@ from tests.e2e.server_process import HeadraceProcess  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return 0.0  # gone meanwhile (Spark forks short-lived helpers such as chmod)
+    for line in status.splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0

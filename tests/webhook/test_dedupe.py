@@ -204,6 +204,20 @@ def test_index_is_rebuilt_from_the_log_after_a_crash(tmp_path: Path) -> None:
     index.close()
 
 
+def test_an_index_of_the_former_sqlite_layout_is_removed_and_rebuilt_from_the_log(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path) as log:
+        log.append_offsets([encode(WebhookRecord(100, "k1", None, b"{}")),
+                            encode(WebhookRecord(101, "k2", None, b"{}"))])
+        log.sync()
+    for name in ("dedupe.sqlite3", "dedupe.sqlite3-wal"):
+        (tmp_path / name).write_bytes(b"SQLite format 3\x00")
+    index = DedupeIndex(tmp_path / INDEX_FILE)
+    assert not (tmp_path / "dedupe.sqlite3").exists() and not (tmp_path / "dedupe.sqlite3-wal").exists()
+    assert catch_up(index, tmp_path, scan_end(tmp_path, 0)) == 2
+    assert set(index.lookup([key_hash("k1"), key_hash("k2")])) == {key_hash("k1"), key_hash("k2")}
+    index.close()
+
+
 def test_an_index_ahead_of_the_log_is_rebuilt_from_scratch(tmp_path: Path) -> None:
     index = DedupeIndex(tmp_path / INDEX_FILE)
     index.record([(key_hash("ghost"), KeyEntry(1, b"h" * 8, 5000))], covered_offset=5000)

@@ -123,8 +123,6 @@ def _bucket_of_key(db_key: bytes) -> int:
 def _open_rocksdb(path: Path, cache_bytes: int) -> Rdict:
     for name in _FORMER_INDEX_FILES:
         (path.parent / name).unlink(missing_ok=True)
-    if path.is_file():  # an index file of an older layout under this name: derived state, rebuilt
-        path.unlink()
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.set_compression_type(DBCompressionType.none())  # hashes do not compress

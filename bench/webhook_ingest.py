@@ -21,8 +21,8 @@ the rate, the pipeline keeping up with it); and on a source with WINDOW '5 secon
 keys are evicted as fast as they arrive (the steady state of a source older than its window). Also
 prints, for headrace, how long the pipeline takes to catch up with the burst, then freshness (200 ->
 visible in SELECT) at 10 requests/s, and the CPU each receiver spent per request during its
-throughput run (from /proc: steadier than req/s on a machine shared with other work; for headrace the server process and, apart, its pipeline
-processes), the data disk's fdatasync latency during each throughput run (FsyncProbe: with 32
+throughput run (from /proc: steadier than req/s on a machine shared with other work; for headrace
+the server process and, apart, its pipeline processes), the data disk's fdatasync latency during each throughput run (FsyncProbe: with 32
 clients a durable receiver's throughput is bounded by it, and other work on the machine can
 multiply it), and the load average before and after (how far to trust the figures).
 """

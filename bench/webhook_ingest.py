@@ -15,16 +15,17 @@ the target, the ratio to the uvloop no-op says how much of the gap the loop alon
 Throughput: wrk -t1 (Lua script: a fresh Idempotency-Key per request, ~100-byte JSON). Latency: an
 open-loop asyncio client at half of each receiver's measured maximum (wrk2 is not packaged), latency
 counted from each request's scheduled send time so a stall is not hidden (no coordinated omission).
-headrace's latency is measured three times: right after the throughput burst, while its pipeline (at idle
-priority) still works through the burst's rows; again once it has caught up (the steady state at half
-the rate, the pipeline keeping up with it); and on a source with WINDOW '5 seconds', where idempotency
-keys are evicted as fast as they arrive (the steady state of a source older than its window). Also
-prints, for headrace, how long the pipeline takes to catch up with the burst, then freshness (200 ->
-visible in SELECT) at 10 requests/s, and the CPU each receiver spent per request during its
-throughput run (from /proc: steadier than req/s on a machine shared with other work; for headrace
-the server process and, apart, its pipeline processes), the data disk's fdatasync latency during each throughput run (FsyncProbe: with 32
-clients a durable receiver's throughput is bounded by it, and other work on the machine can
-multiply it), and the load average before and after (how far to trust the figures).
+headrace's latency is measured three times: right after the throughput burst, while its pipeline (at
+idle priority) still works through the burst's rows; again once it has caught up (the steady state at
+half the rate, the pipeline keeping up with it); and on a source with WINDOW '5 seconds', where
+idempotency keys are evicted as fast as they arrive (the steady state of a source older than its
+window). Also prints, for headrace, how long the pipeline takes to catch up with the burst, then
+freshness (200 -> visible in SELECT) at 10 requests/s, and the CPU each receiver spent per request
+during its throughput run (from /proc: steadier than req/s on a machine shared with other work; for
+headrace the server process and, apart, its pipeline processes), the data disk's fdatasync latency
+during each throughput run (FsyncProbe: with 32 clients a durable receiver's throughput is bounded by
+it, and other work on the machine can multiply it), and the load average before and after (how far to
+trust the figures).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.bootstrapped
 
-.PHONY: up test bench clean
+.PHONY: up test bench fuzz chaos clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	./scripts/bootstrap.sh
@@ -15,6 +15,14 @@ up: $(STAMP)
 # would delete the data directories of another checkout's run on the same machine.
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp
+
+# The fuzz suite for minutes instead of make test's seconds; HEADRACE_FUZZ_SEED=<n> replays a run.
+fuzz: $(STAMP)
+	HEADRACE_FUZZ_SECONDS=$${HEADRACE_FUZZ_SECONDS:-180} $(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp -s tests/fuzz
+
+# 20 kill -9 during 5 minutes of retrying senders into a source, a view and a POSTGRES sink (tests/chaos).
+chaos: $(STAMP)
+	HEADRACE_CHAOS=1 $(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp -s tests/chaos
 
 bench: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)

@@ -199,9 +199,10 @@ def settle(check: Callable[[], list[str]], timeout: float, what: str) -> None:
 
 
 class Targets:
-    """The server, PostgreSQL and the Parquet dataset, and what must hold between them once traffic stops."""
+    """The server, PostgreSQL and the Parquet dataset (if there is a PARQUET sink), and what must hold between them
+    once traffic stops."""
 
-    def __init__(self, process: HeadraceProcess, traffic: Traffic, pg_dsn: str, parquet_dir: Path) -> None:
+    def __init__(self, process: HeadraceProcess, traffic: Traffic, pg_dsn: str, parquet_dir: Path | None) -> None:
         self.process = process
         self.traffic = traffic
         self.pg_dsn = pg_dsn
@@ -229,7 +230,7 @@ class Targets:
                                 f"last error {error}")
         if postgres_rows(self.pg_dsn) != view:
             problems.append("the PostgreSQL table differs from the view")
-        if parquet_rows(self.parquet_dir) != view:
+        if self.parquet_dir is not None and parquet_rows(self.parquet_dir) != view:
             problems.append("the Parquet dataset differs from the view")
         return problems
 

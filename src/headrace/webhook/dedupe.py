@@ -152,6 +152,7 @@ class DedupeIndex:
         an existing index keeps the width it was created with."""
         self.path = path
         self._lock = threading.Lock()
+        self._cache_bytes = cache_bytes
         self._db = _open_rocksdb(path, cache_bytes)
         self._write_behind = write_behind
         self._max_behind = max_behind
@@ -228,8 +229,8 @@ class DedupeIndex:
             self._write(entries, covered_offset)
             return
         with self._queue_changed:
-            if self._flush_error is not None:
-                raise OSError(f"the idempotency index could not be written: {self._flush_error!r}")
+            # A failing flusher does not refuse these entries: their records are durable in the log already. It
+            # keeps them queued and retries; meanwhile `write_error` makes the ingest path refuse new requests.
             if self._closed:
                 raise OSError("the idempotency index is closed")
             while self._queued_entries > self._max_behind and self._flush_error is None:
@@ -274,19 +275,52 @@ class DedupeIndex:
             entries = [entry for batch, _ in taken for entry in batch]
             try:
                 self._write(entries, taken[-1][1])
-            except BaseException as error:  # noqa: BLE001 - reported to the next record(); the log stays the truth
+            except Exception as error:  # noqa: BLE001 - disk full or another I/O fault: kept queued, retried
                 with self._queue_changed:
                     self._flush_error = error
+                    self._queue[:0] = taken
+                    self._queued_entries += len(entries)
                     self._flushing = False
                     self._queue_changed.notify_all()
-                return
+                if not self._recover():
+                    return  # closed while failing: what is queued is replayed from the log at the next open
+                continue
             with self._queue_changed:
+                self._flush_error = None
                 overlay = self._overlay
                 for key, entry in entries:
                     if overlay.get(key) is entry:  # not superseded by a later record since
                         del overlay[key]
                 self._flushing = False
                 self._queue_changed.notify_all()
+
+    @property
+    def write_error(self) -> str | None:
+        """Why the index cannot be written now (the flusher retries), or None."""
+        error = self._flush_error
+        return None if error is None else str(error)
+
+    def _recover(self) -> bool:
+        """After a failed write: RocksDB refuses every write once one failed (its background error stays until
+        the database is reopened), so reopen it, with backoff, until that works or the index is closed. Entries
+        lost with the failed write are still queued; the covered offset, written last, never ran ahead of them."""
+        delay = 0.1
+        while True:
+            with self._queue_changed:
+                self._queue_changed.wait_for(lambda: self._closed, timeout=delay)
+                if self._closed:
+                    return False
+            delay = min(delay * 2, 5.0)
+            with self._lock:
+                try:
+                    self._db.close()
+                except Exception:  # noqa: BLE001 - already closed by an earlier try
+                    pass
+                try:
+                    self._db = _open_rocksdb(self.path, self._cache_bytes)
+                    return True
+                except Exception as error:  # noqa: BLE001 - still no space: try again later
+                    self._flush_error = error
 
     def _load_filter(self) -> None:
         """Put the keys already in the index into the filter (keys recorded meanwhile add themselves)."""
@@ -388,7 +422,10 @@ class DedupeIndex:
         if self._filter_loader is not None:
             self._filter_loader.join()
         with self._lock:
-            self._db.close()
+            try:
+                self._db.close()
+            except Exception:  # noqa: BLE001 - a failed reopen left it closed
+                pass
 
 
 def catch_up(index: DedupeIndex, log_dir: Path, log_end: int) -> int:

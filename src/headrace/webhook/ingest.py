@@ -78,12 +78,19 @@ class DedupeCodec:
             self._outcomes = [len(records), 0, 0]
             self._span = (-1, -1)
             return [encode(record) for record in records]
+        if (write_error := self.index.write_error) is not None:
+            # Refused before the write (an OSError fails this batch only: 503, retried by the sender): recording
+            # more keys than the index can write would grow the overlay without bound.
+            raise OSError(f"the idempotency index cannot be written, retrying: {write_error}")
         # Per row, in the thread that shares the GIL with the event loop: dedupe.key_hash and
         # body_hash, and the offset arithmetic, inlined (a call costs as much as the work it wraps).
         hashes = [None if (key := record.idempotency_key) is None
                   else _blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
                   for record in records]
-        known = self.index.lookup([hashed for hashed in hashes if hashed is not None])
+        try:
+            known = self.index.lookup([hashed for hashed in hashes if hashed is not None])
+        except Exception as error:  # noqa: BLE001 - the index is being reopened after an I/O fault
+            raise OSError(f"the idempotency index cannot be read, retrying: {error}") from error
         in_batch: dict[bytes, Entry] = {}
         payloads: list[bytes] = []
         outcomes = [0, 0, 0]
@@ -214,9 +221,13 @@ class SourceIngestor:
     async def _evict_forever(self) -> None:
         while True:
             await asyncio.sleep(self.settings.eviction_interval_s)
+            if self._index is not None and self._index.write_error is not None:
+                continue  # the index is recovering from an I/O fault (already refused to senders as 503)
             try:
                 await self.evict_expired()
-            except Exception:  # noqa: BLE001 - eviction failing only delays forgetting; ingest goes on
+            except OSError as error:  # eviction failing only delays forgetting; ingest goes on
+                log.warning("%s: evicting expired idempotency keys: %s", self.source.name, error)
+            except Exception:  # noqa: BLE001
                 log.exception("%s: evicting expired idempotency keys", self.source.name)
 
     async def close(self) -> None:

@@ -6,6 +6,9 @@ SQL HTTP endpoints), mapped here in one place so pgwire and HTTP never disagree.
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class HeadraceError(Exception):
     """An error a user caused: reported to them, never a crash."""
@@ -99,3 +102,27 @@ class ServiceUnavailable(HeadraceError):
 class InternalError(HeadraceError):
     sqlstate = "XX000"
     http_status = 500
+
+
+class DiskFull(HeadraceError):
+    """PostgreSQL's disk_full: retried by the client once space is back; nothing half-done was kept."""
+
+    sqlstate = "53100"
+    http_status = 503
+
+
+_SQLSTATE_OF_ERRNO = {errno.ENOSPC: "53100", errno.EDQUOT: "53100", errno.EIO: "58030", errno.EMFILE: "53000",
+                      errno.ENFILE: "53000", errno.ENOMEM: "53200"}
+
+
+def error_for_os_error(error: OSError) -> HeadraceError | None:
+    """The SQLSTATE PostgreSQL reports for the same I/O fault (53100 disk_full, 58030 io_error, 53000
+    insufficient_resources, 53200 out_of_memory), or None for an OSError that is not one of those."""
+    sqlstate = _SQLSTATE_OF_ERRNO.get(error.errno or 0)
+    if sqlstate is None:
+        return None
+    reason = os.strerror(error.errno or 0)
+    where = f' "{error.filename}"' if error.filename else ""
+    hint = "Check free disk space." if sqlstate == "53100" else None
+    cls = DiskFull if sqlstate == "53100" else HeadraceError
+    return cls(f"could not write file{where}: {reason}", sqlstate=sqlstate, hint=hint, http_status=503)

@@ -94,6 +94,8 @@ def test_disk_full_refuses_then_recovers_by_itself(small_filesystem: Path) -> No
         with psycopg.connect(process.dsn, autocommit=True) as conn:
             conn.execute("CREATE SOURCE ev FROM WEBHOOK BODY FORMAT JSON IDEMPOTENT (body->>'id')")
             conn.execute("CREATE MATERIALIZED VIEW ev_count AS SELECT count(*) AS n FROM ev")
+            conn.execute("CREATE TABLE t (a int)")
+            conn.execute("INSERT INTO t VALUES (0)")
         url = process.webhook_url("ev")
         acknowledged: set[int] = set()
         sent = 0
@@ -125,10 +127,28 @@ def test_disk_full_refuses_then_recovers_by_itself(small_filesystem: Path) -> No
             refused_in_row = refused_in_row + 1 if answers != [200] else 0
         assert refusals and set(refusals) == {503}, f"while full: {sorted(set(refusals))} (503 expected)"
         assert probe(url) == 503, "a full disk must answer 503 (senders retry it)"
+        fill(ballast, leave_bytes=0)  # what the log's writes gave back
+        with psycopg.connect(process.dsn, autocommit=True) as conn:
+            with pytest.raises(psycopg.Error) as refused_ddl:
+                conn.execute("CREATE TABLE made_while_full (a int)")
+            assert refused_ddl.value.sqlstate == "53100", (refused_ddl.value.sqlstate, str(refused_ddl.value))
+            try:  # a table's log keeps space ahead as a source's does: the write may still be durable
+                conn.execute("INSERT INTO t VALUES (1)")
+                expected_t = [(0,), (1,), (2,)]
+            except psycopg.Error as refused_insert:
+                assert refused_insert.sqlstate == "53100", (refused_insert.sqlstate, str(refused_insert))
+                expected_t = [(0,), (2,)]
 
         ballast.unlink()  # space is back: no restart from here on
         wait_for(lambda: probe(url) == 200, timeout=60, message="webhooks accepted again once space is back")
         assert set(send(100)) == {200}
+        with psycopg.connect(process.dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE made_while_full (a int)")
+            conn.execute("INSERT INTO made_while_full VALUES (1)")
+            conn.execute("INSERT INTO t VALUES (2)")
+            wait_for(lambda: conn.execute("SELECT a FROM made_while_full").fetchall() == [(1,)], timeout=60,
+                     message="the table created once space was back")
+            assert conn.execute("SELECT a FROM t ORDER BY a").fetchall() == expected_t
 
         def complete() -> bool:
             with psycopg.connect(process.dsn, autocommit=True) as conn:

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from headrace.catalog.items import DEFAULT_SCHEMA, Secret, WebhookSource
 from headrace.catalog.secrets import SecretStore
@@ -90,14 +91,12 @@ class Catalog:
         """Store (or replace, by id: ALTER SOURCE) a source; returns it as the catalog hands it out."""
         item = self._with_lookup(item)
         with self._lock:
-            self._items[item.id] = item
-            self._persist()
+            self._put(self._items, item.id, item)
         return item
 
     def remove(self, item_id: str) -> None:
         with self._lock:
-            self._items.pop(item_id, None)
-            self._persist()
+            self._put(self._items, item_id, None)
 
     def _with_lookup(self, item: WebhookSource) -> WebhookSource:
         return item if item.secret_lookup is not None else replace(item, secret_lookup=self.secret_value)
@@ -111,8 +110,7 @@ class Catalog:
 
     def add_view(self, view: MaterializedView) -> None:
         with self._lock:
-            self._views[view.id] = view
-            self._persist()
+            self._put(self._views, view.id, view)
 
     def root_materialization(self, view: MaterializedView) -> str:
         """The materialization whose transactions maintain `view`, and whose commit timestamps are its own: that
@@ -135,8 +133,7 @@ class Catalog:
 
     def remove_view(self, view_id: str) -> None:
         with self._lock:
-            self._views.pop(view_id, None)
-            self._persist()
+            self._put(self._views, view_id, None)
 
     # ---- tables ---------------------------------------------------------------------------------
     def tables(self) -> list[Table]:
@@ -147,13 +144,11 @@ class Catalog:
 
     def add_table(self, table: Table) -> None:
         with self._lock:
-            self._tables[table.id] = table
-            self._persist()
+            self._put(self._tables, table.id, table)
 
     def remove_table(self, table_id: str) -> None:
         with self._lock:
-            self._tables.pop(table_id, None)
-            self._persist()
+            self._put(self._tables, table_id, None)
 
     # ---- connections and sinks -------------------------------------------------------------------
     def connections(self) -> list[Connection]:
@@ -164,13 +159,11 @@ class Catalog:
 
     def add_connection(self, connection: Connection) -> None:
         with self._lock:
-            self._connections[connection.id] = connection
-            self._persist()
+            self._put(self._connections, connection.id, connection)
 
     def remove_connection(self, connection_id: str) -> None:
         with self._lock:
-            self._connections.pop(connection_id, None)
-            self._persist()
+            self._put(self._connections, connection_id, None)
 
     def sinks(self) -> list[Sink]:
         return sorted(self._sinks.values(), key=lambda item: int(item.id[1:]))
@@ -189,13 +182,11 @@ class Catalog:
 
     def add_sink(self, sink: Sink) -> None:
         with self._lock:
-            self._sinks[sink.id] = sink
-            self._persist()
+            self._put(self._sinks, sink.id, sink)
 
     def remove_sink(self, sink_id: str) -> None:
         with self._lock:
-            self._sinks.pop(sink_id, None)
-            self._persist()
+            self._put(self._sinks, sink_id, None)
 
     # ---- secrets --------------------------------------------------------------------------------
     def secrets(self) -> list[Secret]:
@@ -211,8 +202,7 @@ class Catalog:
         """The value first: a crash in between leaves an unnamed value, forgotten at the next start."""
         with self._lock:
             self.secret_values.put(secret.id, value)
-            self._secrets[secret.id] = secret
-            self._persist()
+            self._put(self._secrets, secret.id, secret)
 
     def set_secret_value(self, secret: Secret, value: bytes) -> None:
         self.secret_values.put(secret.id, value)
@@ -220,8 +210,7 @@ class Catalog:
     def remove_secret(self, secret_id: str) -> None:
         """The name first: a crash in between leaves an unnamed value, forgotten at the next start."""
         with self._lock:
-            self._secrets.pop(secret_id, None)
-            self._persist()
+            self._put(self._secrets, secret_id, None)
             self.secret_values.delete(secret_id)
 
     def secret_value(self, name: str) -> bytes | None:
@@ -235,6 +224,23 @@ class Catalog:
                 if any(name.rpartition(".")[2] == secret.name for name in source.secret_names())]
 
     # ---- durability -----------------------------------------------------------------------------
+    def _put(self, items: dict[str, Any], key: str, item: Any | None) -> None:
+        """Set (None: remove) one entry and persist; if the write fails (disk full), the in-memory catalog is
+        put back as it was, so what clients see matches what is on disk and the statement can simply be retried."""
+        had, previous = key in items, items.get(key)
+        if item is None:
+            items.pop(key, None)
+        else:
+            items[key] = item
+        try:
+            self._persist()
+        except BaseException:
+            if had:
+                items[key] = previous
+            else:
+                items.pop(key, None)
+            raise
+
     def _persist(self) -> None:
         """Write-fsync-rename-fsync: after a crash the catalog is either the old or the new one."""
         self.generation += 1  # first: a failed write still leaves the in-memory catalog changed

@@ -24,7 +24,9 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from headrace.http.error_log import RequestErrorLogger
 from headrace.http.fast_ingest import HttpFront, start_front
+from headrace.http.settings import HttpSettings
 from headrace.http.sql_api import add_sql_routes
 from headrace.http.webhook_endpoint import Reply, ServerState, WebhookEndpoint
 from headrace.webhook.ingest import IngestRegistry
@@ -37,16 +39,21 @@ WEBHOOK_ROUTE = "/api/webhook/{database}/{schema}/{name}"
 
 _REGISTRY: web.AppKey[IngestRegistry] = web.AppKey("headrace_ingest_registry", IngestRegistry)
 _ENDPOINT: web.AppKey[WebhookEndpoint] = web.AppKey("headrace_webhook_endpoint", WebhookEndpoint)
+_SETTINGS: web.AppKey[HttpSettings] = web.AppKey("headrace_http_settings", HttpSettings)
 
 
-def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerState = lambda: True) -> web.Application:
-    """`ready` says whether the server takes requests yet (503 + Retry-After until it does)."""
+def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerState = lambda: True,
+             http: HttpSettings | None = None) -> web.Application:
+    """`ready` says whether the server takes requests yet (503 + Retry-After until it does);
+    `http`: the port's timeouts and allowed Origins (http/settings.py)."""
+    http = http or HttpSettings()
     settings = registry.settings
     # aiohttp enforces client_max_size on the decoded body as it reads, chunked or not.
     app = web.Application(client_max_size=settings.max_body_bytes)
     endpoint = WebhookEndpoint(registry, ready)
     app[_REGISTRY] = registry
     app[_ENDPOINT] = endpoint
+    app[_SETTINGS] = http
     app.router.add_route("*", WEBHOOK_ROUTE, _AiohttpWebhook(endpoint).handle)
     metrics_registry = CollectorRegistry(auto_describe=False)
     metrics_registry.register(WebhookCollector(lambda: [(key, ingestor.metrics) for key, ingestor in registry.items()]))
@@ -57,16 +64,17 @@ def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerStat
         return response
 
     app.router.add_get("/metrics", metrics)
-    add_sql_routes(app)  # POST /api/sql, WebSocket /api/experimental/sql (http/sql_api.py)
+    add_sql_routes(app, http.allowed_origins)  # POST /api/sql, WebSocket /api/experimental/sql (http/sql_api.py)
     return app
 
 
 async def run_http(app: web.Application, host: str, port: int) -> HttpFront:
     """Start serving `app` on host:port (port 0 picks a free one: see .addresses); `cleanup()` stops."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=RequestErrorLogger(),
+                           keepalive_timeout=app[_SETTINGS].keepalive_timeout_s)
     await runner.setup()
     try:
-        return await start_front(app[_ENDPOINT], runner, host, port)
+        return await start_front(app[_ENDPOINT], runner, host, port, app[_SETTINGS])
     except BaseException:
         await runner.cleanup()
         raise

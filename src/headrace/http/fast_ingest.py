@@ -32,10 +32,10 @@ from aiohttp import web
 from headrace.http.framing import (
     MAX_HEAD_BYTES,
     BadFraming,
+    ChunkedDecoder,
     RequestHead,
     ResponseWriter,
     TooLarge,
-    decode_chunked,
     find_head_end,
     parse_head,
 )
@@ -76,6 +76,7 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
         self._buffer = bytearray()
         self._start = 0  # where the first request not yet dispatched begins in _buffer
         self._head: RequestHead | None = None  # of that request, once its head is in
+        self._chunked: ChunkedDecoder | None = None  # its body's decoder, kept across reads
         self._body_start = 0
         self._received_at_us = 0
         self._started = 0.0
@@ -186,8 +187,10 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
             self._head = head
             self._body_start = head_end
         if head.chunked:
+            if self._chunked is None:
+                self._chunked = ChunkedDecoder(self._max_body)
             try:
-                decoded = decode_chunked(buffer, self._body_start, self._max_body)
+                decoded = self._chunked.feed(buffer, self._body_start)
             except TooLarge:
                 self._refuse_too_large(head)
                 return False
@@ -207,6 +210,7 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
                 return False
             body = bytes(buffer[self._body_start:end])
         self._head = None
+        self._chunked = None
         self._start = end
         if not head.keep_alive:
             self._close_after_writes = True
@@ -270,6 +274,7 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
     def _refuse(self, reply: Reply) -> None:
         """An answer after which the request's framing is lost: the connection closes."""
         self._head = None
+        self._chunked = None
         self._close_after_writes = True
         self._answer(reply)
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from headrace.http.body import BodyTimeout, read_body, request_timeout
 from headrace.http.error_log import RequestErrorLogger
 from headrace.http.fast_ingest import HttpFront, start_front
 from headrace.http.settings import HttpSettings
@@ -54,7 +55,7 @@ def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerStat
     app[_REGISTRY] = registry
     app[_ENDPOINT] = endpoint
     app[_SETTINGS] = http
-    app.router.add_route("*", WEBHOOK_ROUTE, _AiohttpWebhook(endpoint).handle)
+    app.router.add_route("*", WEBHOOK_ROUTE, _AiohttpWebhook(endpoint, http.body_timeout_s).handle)
     metrics_registry = CollectorRegistry(auto_describe=False)
     metrics_registry.register(WebhookCollector(lambda: [(key, ingestor.metrics) for key, ingestor in registry.items()]))
 
@@ -64,7 +65,7 @@ def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerStat
         return response
 
     app.router.add_get("/metrics", metrics)
-    add_sql_routes(app, http.allowed_origins)  # POST /api/sql, WebSocket /api/experimental/sql (http/sql_api.py)
+    add_sql_routes(app, http.allowed_origins, http.body_timeout_s)  # POST /api/sql, WebSocket /api/experimental/sql (http/sql_api.py)
     return app
 
 
@@ -94,8 +95,9 @@ def _response(reply: Reply) -> web.Response:
 class _AiohttpWebhook:
     """The webhook route for what the fast front hands over (compressed bodies, Expect, ...)."""
 
-    def __init__(self, endpoint: WebhookEndpoint) -> None:
+    def __init__(self, endpoint: WebhookEndpoint, body_timeout_s: float) -> None:
         self.endpoint = endpoint
+        self.body_timeout_s = body_timeout_s
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         received_at_us = time.time_ns() // 1000  # arrival time (seed 002's NowFn), before the body is read
@@ -109,7 +111,9 @@ class _AiohttpWebhook:
         ingestor = admitted
         try:
             try:
-                body = await request.read()
+                body = await read_body(request, endpoint.settings.max_body_bytes, self.body_timeout_s)
+            except BodyTimeout:
+                return request_timeout()
             except web.HTTPRequestEntityTooLarge:
                 return _response(endpoint.too_large(ingestor, received_at_us, started))
             except web.HTTPException:

@@ -47,6 +47,7 @@ from headrace.coordinator.responses import (
     Subscribing,
 )
 from headrace.errors import FeatureNotSupported, HeadraceError, QueryCanceled
+from headrace.http.body import BodyTimeout, read_body, request_timeout
 from headrace.http.origin import OriginPolicy, OriginVerdict
 from headrace.pgwire import types as pg
 from headrace.pgwire.auth import AuthMethod, choose_method
@@ -63,8 +64,9 @@ class SqlEndpoint:
     Authentication follows pgwire's rules (`security`): trust, or a password (HTTP Basic, or the
     WebSocket's first message) checked against the role's verifier."""
 
-    def __init__(self, allowed_origins: Sequence[str] = ()) -> None:
+    def __init__(self, allowed_origins: Sequence[str] = (), body_timeout_s: float = 60.0) -> None:
         self.adapter: AdapterClient | None = None
+        self.body_timeout_s = body_timeout_s
         self.security: SecurityConfig = SecurityConfig()
         self.origins = OriginPolicy(allowed_origins)
 
@@ -86,8 +88,8 @@ class SqlEndpoint:
 SQL_ENDPOINT: web.AppKey[SqlEndpoint] = web.AppKey("headrace_sql_endpoint", SqlEndpoint)
 
 
-def add_sql_routes(app: web.Application, allowed_origins: Sequence[str] = ()) -> SqlEndpoint:
-    endpoint = SqlEndpoint(allowed_origins)
+def add_sql_routes(app: web.Application, allowed_origins: Sequence[str] = (), body_timeout_s: float = 60.0) -> SqlEndpoint:
+    endpoint = SqlEndpoint(allowed_origins, body_timeout_s)
     app[SQL_ENDPOINT] = endpoint
     app.router.add_post("/api/sql", _http_sql)
     app.router.add_route("OPTIONS", "/api/sql", _preflight)
@@ -358,9 +360,12 @@ async def _run_http_sql(request: web.Request, verdict: OriginVerdict) -> web.Str
     if adapter is None:
         return web.Response(status=503, text="headrace is starting; retry later", headers={"Retry-After": "1"})
     try:
-        queries = parse_request(await request.json())
+        queries = parse_request(json.loads(await read_body(request, request.app._client_max_size,
+                                                           request.app[SQL_ENDPOINT].body_timeout_s)))
         options = _options_of(request)
         user, password = _credentials_of(request)
+    except BodyTimeout:
+        return request_timeout()
     except (BadRequest, ValueError) as exc:
         return web.Response(status=400, text=str(exc) if isinstance(exc, BadRequest) else "request body is not JSON")
     try:

@@ -468,7 +468,9 @@ def parse_auth_message(auth: object) -> tuple[str, str | None, dict[str, str]]:
         raise BadRequest('expected an authentication message {"user", "password", "options"} first')
     user = auth.get("user", DEFAULT_USER)
     password = auth.get("password")
-    options = auth.get("options") or {}
+    options = auth.get("options")
+    if options is None:
+        options = {}
     if not isinstance(user, str) or (password is not None and not isinstance(password, str)):
         raise BadRequest('"user" and "password" must be strings')
     if not isinstance(options, dict):

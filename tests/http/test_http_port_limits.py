@@ -78,15 +78,19 @@ def test_800_kb_in_1_byte_chunks_costs_under_a_second_of_server_cpu(server: Http
 
 
 def test_a_slow_head_a_stalled_body_and_an_idle_connection_are_closed(server: HttpServerProcess) -> None:
-    with server.connect() as slowloris, server.connect() as stalled, server.connect() as idle:
+    with server.connect() as slowloris, server.connect() as stalled, server.connect() as idle, \
+            server.connect() as stalled_gzip:
         slowloris.sendall(b"POST /api/webhook/headrace/public/events HTTP/1.1\r\nHost: x\r\n")
         stalled.sendall(post_head(100) + b"only part of it")
+        # Content-Encoding: the request goes to aiohttp, which reads the body with the same timeout.
+        stalled_gzip.sendall(post_head(100).replace(b"\r\n\r\n", b"\r\nContent-Encoding: gzip\r\n\r\n") + b"\x1f")
         started = time.monotonic()
         for _ in range(3):  # a byte now and then does not keep a head alive
             time.sleep(0.3)
             slowloris.sendall(b"X-Slow: 1\r\n")
         assert read_response(slowloris)[0] == 408
         assert read_response(stalled)[0] == 408
+        assert read_response(stalled_gzip)[0] == 408
         assert closed_by_server(idle, 5)
         assert time.monotonic() - started < 6
     with server.connect() as sock:  # the port still serves

@@ -136,6 +136,17 @@ def test_the_concurrency_limit_counts_bodies_still_being_read(server: HttpServer
         assert read_response(sock)[0] == 200
 
 
+def test_full_size_bodies_one_after_another_on_one_connection(server: HttpServerProcess) -> None:
+    """A body of the whole limit stops the connection's reading until it is durable; then it resumes."""
+    body = b"y" * (5 << 20)
+    with server.connect() as sock:
+        for _ in range(3):
+            sock.sendall(post_head(len(body)) + body)
+            sock.settimeout(30)
+            response = sock.recv(65536)
+            assert response.startswith(b"HTTP/1.1 200 "), response[:100]
+
+
 def test_a_malformed_head_is_logged_in_one_line_without_its_bytes(server: HttpServerProcess) -> None:
     secrets = [b"SECRET-ONE", b"SECRET-TWO", b"SECRET-3"]
     for request in (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header " + secrets[0] + b"\r\n\r\n",

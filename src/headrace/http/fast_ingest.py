@@ -376,6 +376,8 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
         self._flush()
         if self._buffer and not self._throttled():
             self._process()  # requests read while throttled
+        else:
+            self._update_reading()  # reading may resume: fewer answers owed, fewer bytes held
 
     def _answer(self, reply: Reply, *, close: bool = False) -> None:
         if close:

@@ -43,6 +43,16 @@ def main(argv: list[str] | None = None) -> None:
                          help="requests kept per source in headrace_internal.webhook_requests (default 100)")
     webhook.add_argument("--webhook-eviction-interval-s", type=float, default=1.0,
                          help="how often idempotency keys older than the window are forgotten (default 1)")
+    http = up.add_argument_group("HTTP port settings (docs/settings.md#http-port)")
+    http.add_argument("--http-allowed-origin", action="append", default=[], metavar="ORIGIN",
+                      help="a web origin (scheme://host[:port]) whose pages may use /api/sql and the WebSocket, "
+                           "authenticating by password (repeatable; default: same-origin only)")
+    http.add_argument("--http-header-timeout-s", type=float, default=60.0,
+                      help="a request head must arrive within this, else 408 and close (default 60, as nginx)")
+    http.add_argument("--http-body-timeout-s", type=float, default=60.0,
+                      help="longest wait between two reads of a request body, else 408 and close (default 60)")
+    http.add_argument("--http-keepalive-timeout-s", type=float, default=75.0,
+                      help="an idle keep-alive connection is closed after this (default 75, as nginx)")
     driver_test = commands.add_parser(
         "driver-test", help="run the driver conformance kit against a sink driver (docs/drivers.md)",
         description="Drive a sink driver through scripted transactions, restarts at every phase boundary, a zombie "
@@ -68,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(driver_test_main(args))
 
     if args.command == "up":
+        from headrace.http.origin import OriginPolicy
+        from headrace.http.settings import HttpSettings
         from headrace.pgwire.auth import parse_auth_rules
         from headrace.server import DataDirLocked, ServerConfig, run
         from headrace.webhook.ingest import IngestSettings
@@ -81,6 +93,18 @@ def main(argv: list[str] | None = None) -> None:
             request_log_size=args.webhook_request_log_size,
             eviction_interval_s=args.webhook_eviction_interval_s)
 
+        try:
+            OriginPolicy(args.http_allowed_origin)
+        except ValueError as exc:
+            parser.error(str(exc))
+        for name in ("http_header_timeout_s", "http_body_timeout_s", "http_keepalive_timeout_s"):
+            if not getattr(args, name) > 0:
+                parser.error(f"--{name.replace('_', '-')} must be positive")
+        http_settings = HttpSettings(header_timeout_s=args.http_header_timeout_s,
+                                     body_timeout_s=args.http_body_timeout_s,
+                                     keepalive_timeout_s=args.http_keepalive_timeout_s,
+                                     allowed_origins=tuple(args.http_allowed_origin))
+
         if (args.tls_cert is None) != (args.tls_key is None):
             parser.error("--tls-cert and --tls-key go together")
         try:
@@ -92,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
             run(ServerConfig(data_dir=args.data_dir, host=args.host, pg_port=args.pg_port,
                              http_port=args.http_port, spark_master=args.spark_master,
                              tls_cert=args.tls_cert, tls_key=args.tls_key, auth=args.auth,
-                             webhook=webhook_settings, store_threads=args.store_threads))
+                             webhook=webhook_settings, http=http_settings, store_threads=args.store_threads))
         except DataDirLocked as exc:
             print(f"headrace: {exc}", file=sys.stderr)
             sys.exit(1)

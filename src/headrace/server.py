@@ -22,6 +22,7 @@ from headrace.coordinator.client import AdapterClient
 from headrace.coordinator.coordinator import Coordinator
 from headrace.coordinator.sources import DataLayout, SourceResources
 from headrace.http.app import ServerState, make_app, run_http
+from headrace.http.settings import HttpSettings
 from headrace.http.sql_api import set_sql_adapter
 from headrace.materialize.driver import start_driver_server
 from headrace.materialize.drivers.serving import ServingConnector, ServingTransactor
@@ -48,6 +49,7 @@ class ServerConfig:
     tls_key: Path | None = None
     auth: str = "loopback=trust,all=scram-sha-256"  # pgwire authentication rules (pgwire/auth.py)
     webhook: IngestSettings = IngestSettings()  # limits, group commit, request log (docs/webhooks.md)
+    http: HttpSettings = HttpSettings()  # the HTTP port's timeouts and allowed Origins (docs/settings.md)
     store_threads: int | None = None  # DuckDB's threads; None: one per core but one (store/serving.py)
 
 
@@ -116,7 +118,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     registry = IngestRegistry(config.webhook)
     # HTTP first: webhooks get 503 + Retry-After while the sources (and their indexes) open.
     web_state = ServerState()
-    http_app = make_app(registry, ready=web_state)
+    http_app = make_app(registry, ready=web_state, http=config.http)
     http_runner = await run_http(http_app, config.host, config.http_port)
     catalog = Catalog(layout.root, item_from_create_sql)
     resources = SourceResources(layout, store, registry, executor)

@@ -138,3 +138,42 @@ def test_websocket_statement_cancelled_through_pgwire(server: HeadraceProcess) -
     assert error["code"] == "57014"
     with psycopg.connect(server.dsn, autocommit=True) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_web_page_cannot_run_sql_through_the_trusted_loopback(server: HeadraceProcess) -> None:
+    """What any page open in a browser on the server's machine can send: a cross-site text/plain POST
+    (no preflight) and a WebSocket from its own origin. Neither reaches a session."""
+    statement = "CREATE TABLE made_by_a_web_page (id int)"
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as http:
+            for headers in ({"Origin": "http://evil.example", "Content-Type": "text/plain"},
+                            {"Content-Type": "text/plain"}):
+                async with http.post(sql_url(server), data=json.dumps({"query": statement}),
+                                     headers=headers) as response:
+                    assert response.status in (403, 415)
+                    assert "error" in await response.json()
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(f"http://127.0.0.1:{server.http_port}/api/experimental/sql",
+                                      headers={"Origin": "http://evil.example"})
+            assert refused.value.status == 403
+
+    asyncio.run(scenario())
+    with psycopg.connect(server.dsn, autocommit=True) as conn, pytest.raises(psycopg.errors.UndefinedTable):
+        conn.execute("SELECT * FROM made_by_a_web_page")
+
+
+def test_websocket_first_message_that_is_a_query_is_an_error(server: HeadraceProcess) -> None:
+    async def scenario() -> tuple[list[Any], int | None]:
+        received: list[Any] = []
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(f"http://127.0.0.1:{server.http_port}/api/experimental/sql") as ws:
+                await ws.send_json({"query": "SELECT 1"})
+                async for message in ws:
+                    received.append(json.loads(message.data))
+                return received, ws.close_code
+
+    received, close_code = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    assert [message["type"] for message in received] == ["Error"]
+    assert "authentication message" in received[0]["payload"]["message"]
+    assert close_code == 1002  # as Materialize closes it: protocol error

@@ -29,8 +29,8 @@ RECIPES = {
         """CREATE SOURCE standard_events FROM WEBHOOK BODY FORMAT JSON
   CHECK (
     WITH (BODY AS request_body BYTES, HEADERS, SECRET standard_webhooks_secret AS secret)
-    constant_time_eq(
-      split_part(headers['webhook-signature'], ' ', 1),
+    constant_time_eq_any(
+      string_to_array(headers['webhook-signature'], ' '),
       'v1,' || encode(hmac(
         convert_to(headers['webhook-id'] || '.' || headers['webhook-timestamp'] || '.', 'UTF8') || request_body,
         decode(split_part(secret, '_', 2), 'base64'),
@@ -45,9 +45,9 @@ RECIPES = {
         """CREATE SOURCE stripe_events FROM WEBHOOK BODY FORMAT JSON
   CHECK (
     WITH (BODY AS request_body BYTES, HEADERS, SECRET stripe_webhook_secret AS secret BYTES)
-    constant_time_eq(
-      (regexp_match(headers['stripe-signature'], 'v1=([0-9a-f]+)'))[1],
-      encode(hmac(
+    constant_time_eq_any(
+      string_to_array(headers['stripe-signature'], ','),
+      'v1=' || encode(hmac(
         convert_to((regexp_match(headers['stripe-signature'], 't=([0-9]+)'))[1] || '.', 'UTF8') || request_body,
         secret, 'sha256'), 'hex'))
     AND to_timestamp((regexp_match(headers['stripe-signature'], 't=([0-9]+)'))[1]::bigint)
@@ -71,7 +71,7 @@ RECIPES = {
   INCLUDE HEADER 'x-shopify-topic' AS topic
   CHECK (
     WITH (BODY AS request_body BYTES, HEADERS, SECRET shopify_webhook_secret AS secret BYTES)
-    constant_time_eq(decode(headers['x-shopify-hmac-sha256'], 'base64'), hmac(request_body, secret, 'sha256'))
+    constant_time_eq(headers['x-shopify-hmac-sha256'], encode(hmac(request_body, secret, 'sha256'), 'base64'))
   )
   IDEMPOTENT (headers['x-shopify-event-id']) WINDOW '24 hours'""",
     ],
@@ -160,7 +160,19 @@ def test_standard_webhooks(server: HeadraceProcess) -> None:
     assert status(server, "standard_events", body, future) == REJECTED
     retry = standard_webhooks_headers("msg_1", now + 5, body)  # a retry: same id, new timestamp
     assert status(server, "standard_events", body, retry) == (200, "")
-    eventually(server, "SELECT idempotency_key, body->>'type' FROM standard_events", [("msg_1", "invoice.paid")])
+    # Key rotation: signed with the retired key and the new one, the valid signature second.
+    old_key = "whsec_" + base64.b64encode(b"the-retired-key").decode()
+    rotated = standard_webhooks_headers("msg_6", now, body)
+    retired = standard_webhooks_headers("msg_6", now, body, secret=old_key)["webhook-signature"]
+    rotated["webhook-signature"] = f"{retired} {rotated['webhook-signature']}"
+    assert status(server, "standard_events", body, rotated) == (200, "")
+    both_wrong = dict(rotated, **{"webhook-signature": f"{retired} {retired.replace('v1,', 'v1,A')}"})
+    assert status(server, "standard_events", body, both_wrong) == REJECTED
+    other_version = standard_webhooks_headers("msg_7", now, body)  # a valid signature under another version
+    other_version["webhook-signature"] = other_version["webhook-signature"].replace("v1,", "v1a,")
+    assert status(server, "standard_events", body, other_version) == REJECTED
+    eventually(server, "SELECT idempotency_key, body->>'type' FROM standard_events ORDER BY 1",
+               [("msg_1", "invoice.paid"), ("msg_6", "invoice.paid")])
 
 
 def test_stripe(server: HeadraceProcess) -> None:
@@ -174,8 +186,15 @@ def test_stripe(server: HeadraceProcess) -> None:
     assert status(server, "stripe_events", other, stripe_headers(now - 400, other)) == REJECTED  # replay, too old
     assert status(server, "stripe_events", body, {}) == REJECTED
     assert status(server, "stripe_events", body, stripe_headers(now + 1, body)) == (200, "")  # Stripe's retry
-    eventually(server, "SELECT idempotency_key, (body->'data'->'object'->>'amount')::int FROM stripe_events",
-               [("evt_1", 990)])
+    # A secret being rolled: one v1= per active secret, the valid one second.
+    rolled = body.replace(b"evt_1", b"evt_3")
+    retired = hmac.new(b"whsec_the_rolled_secret", f"{now}.".encode() + rolled, hashlib.sha256).hexdigest()
+    valid = stripe_headers(now, rolled)["Stripe-Signature"].split(",")[1]
+    assert status(server, "stripe_events", rolled, {"Stripe-Signature": f"t={now},v1={retired},{valid}"}) == (200, "")
+    assert status(server, "stripe_events", rolled, {"Stripe-Signature": f"t={now},v1={retired},v1={retired[::-1]}"}) \
+        == REJECTED
+    eventually(server, "SELECT idempotency_key, (body->'data'->'object'->>'amount')::int FROM stripe_events ORDER BY 1",
+               [("evt_1", 990), ("evt_3", 990)])
 
 
 def test_github(server: HeadraceProcess) -> None:

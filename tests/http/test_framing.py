@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from headrace.http.framing import (
     BadFraming,
+    ChunkedDecoder,
     ResponseWriter,
     TooLarge,
     decode_chunked,
@@ -147,3 +148,28 @@ def test_headers_are_split_as_llhttp_reports_them(fields: list[tuple[str, str, s
         assert head.header_map == _header_map(head.headers)
     else:
         assert head.header_map is None
+
+
+def _chunk(data: bytes, spelling: int) -> bytes:
+    size = b"%x" % len(data)
+    size = (size, size.upper(), b"00" + size, size + b";ext=1", size + b" ;a")[spelling % 5]
+    return size + b"\r\n" + data + b"\r\n"
+
+
+@given(st.lists(st.tuples(st.binary(min_size=1, max_size=40), st.integers(0, 4)), max_size=60),
+       st.lists(st.integers(1, 64), min_size=1, max_size=8))
+def test_incremental_chunked_decoding_equals_the_body_however_the_bytes_arrive(
+        chunks: list[tuple[bytes, int]], read_sizes: list[int]) -> None:
+    framed = b"".join(_chunk(data, spelling) for data, spelling in chunks) + b"0\r\n\r\nNEXT"
+    decoder = ChunkedDecoder(1 << 20)
+    buffer = bytearray(b"HEAD")
+    offset, turn, result = 0, 0, None
+    while result is None:
+        assert offset < len(framed), "never complete"
+        step = read_sizes[turn % len(read_sizes)]
+        buffer += framed[offset:offset + step]
+        offset, turn = offset + step, turn + 1
+        result = decoder.feed(buffer, 4)
+    body, end = result
+    assert body == b"".join(data for data, _ in chunks)
+    assert bytes(buffer[end:]) + framed[offset:] == b"NEXT"

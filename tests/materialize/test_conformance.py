@@ -153,3 +153,14 @@ def test_cli_usage_errors_exit_2() -> None:
     assert missing.returncode == 2 and "--config" in missing.stderr
     assert cli("parquet", "--config", "{not json").returncode == 2
     assert cli("parquet", "--scenario", "nonsense").returncode == 2
+
+
+@pytest.mark.parametrize(("driver", "config"), [
+    ("postgres", {"url": "postgresql://kit@127.0.0.1:1/kit"}),  # nothing listens on port 1
+])
+def test_cli_a_driver_that_cannot_connect_fails_every_scenario(driver: str, config: dict[str, object]) -> None:
+    for scenario in ("spec", "schema-changed-key"):  # alone: no other scenario's failure to lean on
+        done = cli(driver, "--config", json.dumps(config), "--scenario", scenario, "--json")
+        assert done.returncode == 1, done.stdout + done.stderr
+        (result,) = json.loads(done.stdout)["results"]
+        assert result["result"] == FAIL and "connect" in result["detail"], result

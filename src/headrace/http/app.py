@@ -24,7 +24,10 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from headrace.http.body import BodyTimeout, read_body, request_timeout
+from headrace.http.error_log import RequestErrorLogger
 from headrace.http.fast_ingest import HttpFront, start_front
+from headrace.http.settings import HttpSettings
 from headrace.http.sql_api import add_sql_routes
 from headrace.http.webhook_endpoint import Reply, ServerState, WebhookEndpoint
 from headrace.webhook.ingest import IngestRegistry
@@ -37,17 +40,22 @@ WEBHOOK_ROUTE = "/api/webhook/{database}/{schema}/{name}"
 
 _REGISTRY: web.AppKey[IngestRegistry] = web.AppKey("headrace_ingest_registry", IngestRegistry)
 _ENDPOINT: web.AppKey[WebhookEndpoint] = web.AppKey("headrace_webhook_endpoint", WebhookEndpoint)
+_SETTINGS: web.AppKey[HttpSettings] = web.AppKey("headrace_http_settings", HttpSettings)
 
 
-def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerState = lambda: True) -> web.Application:
-    """`ready` says whether the server takes requests yet (503 + Retry-After until it does)."""
+def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerState = lambda: True,
+             http: HttpSettings | None = None) -> web.Application:
+    """`ready` says whether the server takes requests yet (503 + Retry-After until it does);
+    `http`: the port's timeouts and allowed Origins (http/settings.py)."""
+    http = http or HttpSettings()
     settings = registry.settings
     # aiohttp enforces client_max_size on the decoded body as it reads, chunked or not.
     app = web.Application(client_max_size=settings.max_body_bytes)
     endpoint = WebhookEndpoint(registry, ready)
     app[_REGISTRY] = registry
     app[_ENDPOINT] = endpoint
-    app.router.add_route("*", WEBHOOK_ROUTE, _AiohttpWebhook(endpoint).handle)
+    app[_SETTINGS] = http
+    app.router.add_route("*", WEBHOOK_ROUTE, _AiohttpWebhook(endpoint, http.body_timeout_s).handle)
     metrics_registry = CollectorRegistry(auto_describe=False)
     metrics_registry.register(WebhookCollector(lambda: [(key, ingestor.metrics) for key, ingestor in registry.items()]))
 
@@ -57,16 +65,17 @@ def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerStat
         return response
 
     app.router.add_get("/metrics", metrics)
-    add_sql_routes(app)  # POST /api/sql, WebSocket /api/experimental/sql (http/sql_api.py)
+    add_sql_routes(app, http.allowed_origins, http.body_timeout_s)  # POST /api/sql, WebSocket /api/experimental/sql (http/sql_api.py)
     return app
 
 
 async def run_http(app: web.Application, host: str, port: int) -> HttpFront:
     """Start serving `app` on host:port (port 0 picks a free one: see .addresses); `cleanup()` stops."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=RequestErrorLogger(),
+                           keepalive_timeout=app[_SETTINGS].keepalive_timeout_s)
     await runner.setup()
     try:
-        return await start_front(app[_ENDPOINT], runner, host, port)
+        return await start_front(app[_ENDPOINT], runner, host, port, app[_SETTINGS])
     except BaseException:
         await runner.cleanup()
         raise
@@ -86,8 +95,9 @@ def _response(reply: Reply) -> web.Response:
 class _AiohttpWebhook:
     """The webhook route for what the fast front hands over (compressed bodies, Expect, ...)."""
 
-    def __init__(self, endpoint: WebhookEndpoint) -> None:
+    def __init__(self, endpoint: WebhookEndpoint, body_timeout_s: float) -> None:
         self.endpoint = endpoint
+        self.body_timeout_s = body_timeout_s
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         received_at_us = time.time_ns() // 1000  # arrival time (seed 002's NowFn), before the body is read
@@ -101,7 +111,9 @@ class _AiohttpWebhook:
         ingestor = admitted
         try:
             try:
-                body = await request.read()
+                body = await read_body(request, endpoint.settings.max_body_bytes, self.body_timeout_s)
+            except BodyTimeout:
+                return request_timeout()
             except web.HTTPRequestEntityTooLarge:
                 return _response(endpoint.too_large(ingestor, received_at_us, started))
             except web.HTTPException:

@@ -32,13 +32,14 @@ from aiohttp import web
 from headrace.http.framing import (
     MAX_HEAD_BYTES,
     BadFraming,
+    ChunkedDecoder,
     RequestHead,
     ResponseWriter,
     TooLarge,
-    decode_chunked,
     find_head_end,
     parse_head,
 )
+from headrace.http.settings import HttpSettings
 from headrace.http.webhook_endpoint import Reply, WebhookEndpoint
 from headrace.webhook.ingest import SourceIngestor
 
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 MAX_PIPELINED = 64  # responses pending on one connection before it stops reading
 READ_BUFFER_BYTES = 64 << 10
 SHUTDOWN_GRACE_S = 10.0
+NO_DEADLINE = float("inf")
+REQUEST_TIMEOUT = Reply(408, "request timed out")
 
 
 class _Slot:
@@ -66,8 +69,9 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
 
     def __init__(self, endpoint: WebhookEndpoint, hand_off_factory: Callable[[], asyncio.BaseProtocol],
                  writer: ResponseWriter, connections: set[FastIngestProtocol] | None = None,
-                 read_buffer: memoryview | None = None) -> None:
+                 read_buffer: memoryview | None = None, settings: HttpSettings | None = None) -> None:
         self._endpoint = endpoint
+        self._settings = settings or HttpSettings()
         self._hand_off_factory = hand_off_factory
         self._writer = writer
         self._connections = connections
@@ -76,11 +80,24 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
         self._buffer = bytearray()
         self._start = 0  # where the first request not yet dispatched begins in _buffer
         self._head: RequestHead | None = None  # of that request, once its head is in
+        self._chunked: ChunkedDecoder | None = None  # its body's decoder, kept across reads
+        # Admitted (counted in flight) as soon as its head is in, so the concurrency limit bounds the
+        # bodies being buffered, not only those being written.
+        self._admitted: SourceIngestor | None = None
+        self._skip = 0  # body bytes still to discard: of a request answered before its body was read
+        self._held_bytes = 0  # bodies of this connection's requests awaiting durability
+        self._head_since = 0.0  # when the first byte of the head being read arrived (0: none yet)
+        self.deadline = NO_DEADLINE  # monotonic time when the connection times out (HttpFront sweeps)
+        self._timeout_reply: Reply | None = None  # what a timeout answers (None: close silently)
+        self._lingering = False  # answered and half-closed; reading and discarding until the client closes
+        self._linger_bytes = 0
+        self._linger_until = NO_DEADLINE
         self._body_start = 0
         self._received_at_us = 0
         self._started = 0.0
         self._slots: collections.deque[_Slot] = collections.deque()
         self._close_after_writes = False  # stop reading; close once every pending response is out
+        self._linger_on_close = False
         self._hand_off_pending = False
         self._handed_off = False
         self._reading_paused = False
@@ -94,6 +111,7 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
         self._transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport subclasses
         if self._connections is not None:
             self._connections.add(self)
+        self._arm()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._read_buffer
@@ -102,6 +120,13 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
         self.data_received(self._read_buffer[:nbytes])  # copied into this connection's buffer there
 
     def data_received(self, data: bytes | memoryview) -> None:
+        if self._lingering:
+            self._linger_bytes += len(data)
+            if self._linger_bytes > self._settings.lingering_max_bytes:
+                self._abort()
+            else:
+                self.deadline = min(self._linger_until, time.monotonic() + self._settings.lingering_timeout_s)
+            return
         if self._close_after_writes:
             return  # no more requests are read on this connection
         if self._buffer:
@@ -114,6 +139,8 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         # The client sent everything: answer what is pending, then close (or tell aiohttp).
         self._eof = True
+        if self._lingering:
+            return False  # the client is done too: close
         if not self._hand_off_pending:
             self._close_after_writes = True
         self._flush()
@@ -121,6 +148,8 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        self.deadline = NO_DEADLINE
+        self._release_admitted()
         if self._connections is not None:
             self._connections.discard(self)
 
@@ -135,13 +164,56 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
     # -- shutdown ----------------------------------------------------------------------------------
     def shut_down(self) -> None:
         """Stop reading requests; close once the pending responses are written."""
-        if not self._handed_off:
+        if self._lingering:
+            self._abort()
+        elif not self._handed_off:
             self._close_after_writes = True
             self._flush()
 
     @property
     def idle(self) -> bool:
         return not self._slots
+
+    # -- timeouts (nginx's client_header_timeout, client_body_timeout, keepalive_timeout) ----------
+    def _arm(self) -> None:
+        """Set the deadline for what the connection waits on now: the client's next request (idle),
+        the rest of a head, the next read of a body; none while it waits on us."""
+        if self._lingering or self._handed_off or self._lost:
+            return
+        settings = self._settings
+        if self._slots or self._close_after_writes or self._hand_off_pending:
+            self.deadline, self._timeout_reply = NO_DEADLINE, None
+        elif self._head is not None or self._skip:
+            self.deadline = time.monotonic() + settings.body_timeout_s
+            self._timeout_reply = REQUEST_TIMEOUT
+        elif len(self._buffer) > self._start:
+            if not self._head_since:
+                self._head_since = time.monotonic()
+            self.deadline = self._head_since + settings.header_timeout_s
+            self._timeout_reply = REQUEST_TIMEOUT
+        else:
+            self._head_since = 0.0
+            self.deadline = time.monotonic() + settings.keepalive_timeout_s
+            self._timeout_reply = None
+
+    def time_out(self) -> None:
+        """The deadline passed: answer 408 if a request was under way, and close."""
+        self.deadline = NO_DEADLINE
+        if self._lingering or self._timeout_reply is None:
+            self._abort() if self._lingering else self._close_now()
+            return
+        self._buffer = bytearray()
+        self._start = 0
+        self._refuse(self._timeout_reply, linger=False)
+
+    def _close_now(self) -> None:
+        if self._transport is not None and not self._lost:
+            self._transport.close()
+
+    def _abort(self) -> None:
+        self.deadline = NO_DEADLINE
+        if self._transport is not None and not self._lost:
+            self._transport.abort()
 
     # -- requests ----------------------------------------------------------------------------------
     def _process(self) -> None:
@@ -157,9 +229,12 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
             self._body_start -= self._start
             self._start = 0
         self._update_reading()
+        self._arm()
 
     def _throttled(self) -> bool:
-        return len(self._slots) >= MAX_PIPELINED or self._writing_paused
+        # Per connection: at most MAX_PIPELINED answers owed, and no new body read while the bodies
+        # awaiting durability already weigh a full body's limit.
+        return len(self._slots) >= MAX_PIPELINED or self._writing_paused or self._held_bytes >= self._max_body
 
     def _next_request(self) -> bool:
         """Dispatch the request at _start if it is complete; False when more bytes are needed (or
@@ -167,6 +242,11 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
         buffer = self._buffer
         if len(buffer) == self._start:
             return False
+        if self._skip:
+            skipped = min(self._skip, len(buffer) - self._start)
+            self._skip -= skipped
+            self._start += skipped
+            return not self._skip
         head = self._head
         if head is None:
             if buffer.startswith(b"\r\n", self._start):
@@ -183,11 +263,16 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
             if head is None:
                 self._hand_off()
                 return False
+            self._head_since = 0.0
+            if not self._admit(head, head_end):
+                return not self._close_after_writes
             self._head = head
             self._body_start = head_end
         if head.chunked:
+            if self._chunked is None:
+                self._chunked = ChunkedDecoder(self._max_body)
             try:
-                decoded = decode_chunked(buffer, self._body_start, self._max_body)
+                decoded = self._chunked.feed(buffer, self._body_start)
             except TooLarge:
                 self._refuse_too_large(head)
                 return False
@@ -207,21 +292,50 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
                 return False
             body = bytes(buffer[self._body_start:end])
         self._head = None
+        self._chunked = None
         self._start = end
         if not head.keep_alive:
             self._close_after_writes = True
         self._dispatch(head, body)
         return True
 
+    def _admit(self, head: RequestHead, head_end: int) -> bool:
+        """Admit the request whose head just arrived, before its body is read; False when it was
+        answered at once (its Content-Length body is then skipped unread; a chunked one, or one over
+        the limit, closes the connection)."""
+        database, schema, name = head.segments
+        try:
+            admitted = self._endpoint.admit(head.method, database, schema, name, head.content_length,
+                                            self._received_at_us, self._started)
+        except Exception:  # a bug: answer 500 as aiohttp would, and keep serving others
+            log.exception("webhook request failed")
+            admitted = Reply(500, "internal server error")
+        if not isinstance(admitted, Reply):
+            self._admitted = admitted
+            return True
+        length = head.content_length or 0
+        if head.chunked or length > self._max_body or admitted.status == 500:
+            self._refuse(admitted)
+            return False
+        self._start = head_end
+        self._skip = length
+        if not head.keep_alive:
+            self._close_after_writes = True
+        self._answer(admitted)
+        return False
+
+    def _release_admitted(self) -> None:
+        if self._admitted is not None:
+            self._endpoint.release(self._admitted)
+            self._admitted = None
+
     def _dispatch(self, head: RequestHead, body: bytes) -> None:
         endpoint = self._endpoint
         received_at_us, started = self._received_at_us, self._started
-        database, schema, name = head.segments
+        admitted = self._admitted
+        assert admitted is not None
+        self._admitted = None
         try:
-            admitted = endpoint.admit(head.method, database, schema, name, len(body), received_at_us, started)
-            if isinstance(admitted, Reply):
-                self._answer(admitted)
-                return
             slot = _Slot()
             settled = partial(self._durable, slot, admitted, received_at_us, len(body), started)
             try:
@@ -238,12 +352,14 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
             endpoint.release(admitted)
             self._answer(outcome)
             return
+        self._held_bytes += len(body)
         self._slots.append(slot)  # before `settled` can run: that is a later turn of the loop
 
     def _durable(self, slot: _Slot, ingestor: SourceIngestor, received_at_us: int, size: int, started: float,
                  offsets: list[int] | None, error: BaseException | None) -> None:
         endpoint = self._endpoint
         endpoint.release(ingestor)
+        self._held_bytes -= size
         close = False
         try:
             if error is None:
@@ -260,6 +376,8 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
         self._flush()
         if self._buffer and not self._throttled():
             self._process()  # requests read while throttled
+        else:
+            self._update_reading()  # reading may resume: fewer answers owed, fewer bytes held
 
     def _answer(self, reply: Reply, *, close: bool = False) -> None:
         if close:
@@ -267,20 +385,24 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
         self._slots.append(_Slot(self._writer.render(reply, close=self._close_after_writes)))
         self._flush()
 
-    def _refuse(self, reply: Reply) -> None:
-        """An answer after which the request's framing is lost: the connection closes."""
+    def _refuse(self, reply: Reply, *, linger: bool = True) -> None:
+        """An answer after which the request's framing is lost: the connection closes, lingering
+        (`linger`) so that a client still sending its body reads the answer rather than a reset."""
         self._head = None
+        self._chunked = None
+        self._skip = 0
+        self._release_admitted()
         self._close_after_writes = True
+        self._linger_on_close = linger
         self._answer(reply)
 
     def _refuse_too_large(self, head: RequestHead) -> None:
-        endpoint = self._endpoint
-        database, schema, name = head.segments
-        admitted = endpoint.admit(head.method, database, schema, name, None, self._received_at_us, self._started)
-        if not isinstance(admitted, Reply):
-            endpoint.release(admitted)
-            admitted = endpoint.too_large(admitted, self._received_at_us, self._started)
-        self._refuse(admitted)
+        admitted = self._admitted
+        if admitted is None:
+            self._refuse(Reply(413, f"request body exceeds {self._max_body} bytes"))
+            return
+        reply = self._endpoint.too_large(admitted, self._received_at_us, self._started)
+        self._refuse(reply)
 
     def _flush(self) -> None:
         """Write the answers that are ready, in request order; then close or hand off if due."""
@@ -300,11 +422,42 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
         if self._hand_off_pending:
             self._do_hand_off()
         elif self._close_after_writes:
+            if self._linger_on_close and not self._eof and not self._lost:
+                self._linger()
+            else:
+                transport.close()
+        else:
+            self._arm()
+
+    def _linger(self) -> None:
+        """nginx's lingering close: half-close (the answer is out), then read and discard what the
+        client still sends until it closes, bounded in time and bytes. Closing at once while unread
+        bytes sit in the socket would make the kernel send a reset, which can destroy the answer
+        before the client reads it."""
+        transport = self._transport
+        assert transport is not None
+        if self._lingering:
+            return
+        self._lingering = True
+        self._buffer = bytearray()
+        self._start = 0
+        settings = self._settings
+        now = time.monotonic()
+        self._linger_until = now + settings.lingering_time_s
+        self.deadline = min(self._linger_until, now + settings.lingering_timeout_s)
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError, NotImplementedError):
             transport.close()
+            return
+        if self._reading_paused:
+            self._reading_paused = False
+            with contextlib.suppress(RuntimeError):
+                transport.resume_reading()
 
     def _update_reading(self) -> None:
         transport = self._transport
-        if transport is None or self._lost or self._handed_off:
+        if transport is None or self._lost or self._handed_off or self._lingering:
             return
         should_pause = self._throttled() or self._hand_off_pending or self._close_after_writes
         if should_pause and not self._reading_paused:
@@ -328,6 +481,8 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
         assert transport is not None
         self._hand_off_pending = False
         self._handed_off = True
+        self.deadline = NO_DEADLINE
+        self._release_admitted()
         if self._connections is not None:
             self._connections.discard(self)
         if self._lost:
@@ -350,10 +505,26 @@ class HttpFront:
     """The listening socket (fast path in front of aiohttp) and the aiohttp runner behind it."""
 
     def __init__(self, server: asyncio.AbstractServer, runner: web.AppRunner,
-                 connections: set[FastIngestProtocol]) -> None:
+                 connections: set[FastIngestProtocol], settings: HttpSettings | None = None) -> None:
         self._server = server
         self._runner = runner
         self._connections = connections
+        settings = settings or HttpSettings()
+        shortest = min(settings.header_timeout_s, settings.body_timeout_s, settings.keepalive_timeout_s,
+                       settings.lingering_timeout_s)
+        self._sweeper = asyncio.ensure_future(self._sweep(max(0.05, min(1.0, shortest / 4))))
+
+    async def _sweep(self, interval_s: float) -> None:
+        """Close the connections whose deadline passed: one pass a second (a deadline per connection
+        is a float compared here, cheaper than a timer rescheduled at every read)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            now = time.monotonic()
+            for connection in [c for c in self._connections if c.deadline <= now]:
+                try:
+                    connection.time_out()
+                except Exception:  # noqa: BLE001 - one connection's failure must not stop the sweeps
+                    log.exception("closing a timed-out connection failed")
 
     @property
     def addresses(self) -> list[Any]:
@@ -361,6 +532,7 @@ class HttpFront:
 
     async def cleanup(self) -> None:
         """Stop listening, let the answers already owed go out, close; then stop aiohttp."""
+        self._sweeper.cancel()
         self._server.close()
         for connection in list(self._connections):
             connection.shut_down()
@@ -400,7 +572,8 @@ def tune_interpreter_for_latency() -> None:
 _interpreter_tuned = False
 
 
-async def start_front(endpoint: WebhookEndpoint, runner: web.AppRunner, host: str, port: int) -> HttpFront:
+async def start_front(endpoint: WebhookEndpoint, runner: web.AppRunner, host: str, port: int,
+                      settings: HttpSettings | None = None) -> HttpFront:
     """Listen on host:port; `runner` (set up, with no site) serves what the fast path hands off."""
     aiohttp_server = runner.server
     assert aiohttp_server is not None, "runner.setup() first"
@@ -410,6 +583,6 @@ async def start_front(endpoint: WebhookEndpoint, runner: web.AppRunner, host: st
     read_buffer = memoryview(bytearray(READ_BUFFER_BYTES))  # shared: reads never interleave in one loop
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: FastIngestProtocol(endpoint, aiohttp_server, writer, connections, read_buffer), host, port,
+        lambda: FastIngestProtocol(endpoint, aiohttp_server, writer, connections, read_buffer, settings), host, port,
         backlog=1024)
-    return HttpFront(server, runner, connections)
+    return HttpFront(server, runner, connections, settings)

@@ -14,6 +14,14 @@ GET /api/experimental/sql  (WebSocket: one session for the socket's life)
 
 Values are JSON as Materialize writes them: booleans and json/jsonb as JSON, arrays as arrays,
 numbers and everything else as their PostgreSQL text.
+
+Browsers (http/origin.py): a request with an Origin header passes only if same-origin or listed
+(`--http-allowed-origin`), else 403 {"error": ...}; a listed Origin is answered CORS headers
+(and its OPTIONS preflight) and never authenticates by trust. /api/sql takes only
+`Content-Type: application/json` (415 otherwise), so a cross-site form or `text/plain` POST, which
+a browser sends without a preflight, never reaches a session. The WebSocket's first message must
+be an authentication object (only "user", "password", "options"); anything else gets an Error
+message and the socket is closed with 1002, as Materialize closes it.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from headrace.coordinator.responses import (
     Subscribing,
 )
 from headrace.errors import FeatureNotSupported, HeadraceError, QueryCanceled
+from headrace.http.body import BodyTimeout, read_body, request_timeout
+from headrace.http.origin import OriginPolicy, OriginVerdict
 from headrace.pgwire import types as pg
 from headrace.pgwire.auth import AuthMethod, choose_method
 from headrace.pgwire.interfaces import AdapterClient, SessionClient
@@ -54,13 +64,17 @@ class SqlEndpoint:
     Authentication follows pgwire's rules (`security`): trust, or a password (HTTP Basic, or the
     WebSocket's first message) checked against the role's verifier."""
 
-    def __init__(self) -> None:
+    def __init__(self, allowed_origins: Sequence[str] = (), body_timeout_s: float = 60.0) -> None:
         self.adapter: AdapterClient | None = None
+        self.body_timeout_s = body_timeout_s
         self.security: SecurityConfig = SecurityConfig()
+        self.origins = OriginPolicy(allowed_origins)
 
-    def authenticate(self, user: str, password: str | None, peer: str | None) -> None:
+    def authenticate(self, user: str, password: str | None, peer: str | None, *, cross_site: bool = False) -> None:
+        """`cross_site`: from a page of another origin (an allowed one): trust does not apply, a
+        password is required even where the rules say trust."""
         method = choose_method(self.security.auth_rules, user, peer)
-        if method is AuthMethod.TRUST:
+        if method is AuthMethod.TRUST and not cross_site:
             return
         if method is AuthMethod.REJECT:
             raise HeadraceError(f'no authentication rule for host "{peer or "local"}", user "{user}"',
@@ -74,10 +88,11 @@ class SqlEndpoint:
 SQL_ENDPOINT: web.AppKey[SqlEndpoint] = web.AppKey("headrace_sql_endpoint", SqlEndpoint)
 
 
-def add_sql_routes(app: web.Application) -> SqlEndpoint:
-    endpoint = SqlEndpoint()
+def add_sql_routes(app: web.Application, allowed_origins: Sequence[str] = (), body_timeout_s: float = 60.0) -> SqlEndpoint:
+    endpoint = SqlEndpoint(allowed_origins, body_timeout_s)
     app[SQL_ENDPOINT] = endpoint
     app.router.add_post("/api/sql", _http_sql)
+    app.router.add_route("OPTIONS", "/api/sql", _preflight)
     app.router.add_get("/api/experimental/sql", _websocket_sql)
     return endpoint
 
@@ -297,18 +312,64 @@ def _options_of(request: web.Request) -> dict[str, str]:
     return {str(name): str(value) for name, value in options.items()}
 
 
+def _origin_verdict(request: web.Request) -> OriginVerdict:
+    return request.app[SQL_ENDPOINT].origins.check(request.headers.get("Origin"), request.headers.get("Host"),
+                                                   request.scheme)
+
+
+def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers, dumps=_dumps)
+
+
+def _refused_origin(request: web.Request) -> web.Response:
+    return _json_error(403, f"origin {request.headers.get('Origin', '')!r} is not allowed to use the SQL API "
+                            "(same-origin requests and those from `headrace up --http-allowed-origin` are)")
+
+
+def _cors_headers(request: web.Request, verdict: OriginVerdict) -> dict[str, str]:
+    if verdict is not OriginVerdict.ALLOWED:
+        return {}
+    return {"Access-Control-Allow-Origin": request.headers["Origin"], "Vary": "Origin"}
+
+
+async def _preflight(request: web.Request) -> web.StreamResponse:
+    """CORS preflight: answered (204 with the CORS headers) only for a listed Origin."""
+    verdict = _origin_verdict(request)
+    if verdict is OriginVerdict.REFUSED:
+        return _refused_origin(request)
+    headers = {"Allow": "POST, OPTIONS", **_cors_headers(request, verdict)}
+    if verdict is OriginVerdict.ALLOWED:
+        headers.update({"Access-Control-Allow-Methods": "POST", "Access-Control-Allow-Headers": "Authorization, Content-Type",
+                        "Access-Control-Max-Age": "600"})
+    return web.Response(status=204, headers=headers)
+
+
 async def _http_sql(request: web.Request) -> web.StreamResponse:
+    verdict = _origin_verdict(request)
+    if verdict is OriginVerdict.REFUSED:
+        return _refused_origin(request)
+    if request.content_type != "application/json":
+        return _json_error(415, "Content-Type must be application/json", _cors_headers(request, verdict))
+    response = await _run_http_sql(request, verdict)
+    response.headers.update(_cors_headers(request, verdict))
+    return response
+
+
+async def _run_http_sql(request: web.Request, verdict: OriginVerdict) -> web.StreamResponse:
     adapter = request.app[SQL_ENDPOINT].adapter
     if adapter is None:
         return web.Response(status=503, text="headrace is starting; retry later", headers={"Retry-After": "1"})
     try:
-        queries = parse_request(await request.json())
+        queries = parse_request(json.loads(await read_body(request, request.app._client_max_size,
+                                                           request.app[SQL_ENDPOINT].body_timeout_s)))
         options = _options_of(request)
         user, password = _credentials_of(request)
+    except BodyTimeout:
+        return request_timeout()
     except (BadRequest, ValueError) as exc:
         return web.Response(status=400, text=str(exc) if isinstance(exc, BadRequest) else "request body is not JSON")
     try:
-        request.app[SQL_ENDPOINT].authenticate(user, password, _peer_of(request))
+        request.app[SQL_ENDPOINT].authenticate(user, password, _peer_of(request), cross_site=verdict.cross_site)
         session = await adapter.new_session(user, DATABASE, options)
     except HeadraceError as error:
         return web.Response(status=error.http_status if error.http_status != 500 else 400, text=error.message)
@@ -349,25 +410,30 @@ def _dumps(value: object) -> str:
 
 # --- WebSocket /api/experimental/sql ------------------------------------------------------------
 
+WS_CLOSE_PROTOCOL_ERROR = 1002  # Materialize closes a socket whose first message is not a valid auth with it
+AUTH_FIELDS = frozenset(("user", "password", "options"))
+AUTH_TIMEOUT_S = 60.0  # the first message must come within this (as a request head must: http/settings.py)
+
+
 async def _websocket_sql(request: web.Request) -> web.StreamResponse:
+    # Browsers open cross-origin WebSockets without any preflight: the Origin check is the defence.
+    verdict = _origin_verdict(request)
+    if verdict is OriginVerdict.REFUSED:
+        return _refused_origin(request)
     adapter = request.app[SQL_ENDPOINT].adapter
     if adapter is None:
         return web.Response(status=503, text="headrace is starting; retry later", headers={"Retry-After": "1"})
     ws = web.WebSocketResponse(heartbeat=30)
     await ws.prepare(request)
     try:
-        auth = await _first_message(ws)
-        options = auth.get("options") or {}
-        if not isinstance(options, dict):
-            raise BadRequest("options must be a JSON object")
-        user = str(auth.get("user") or DEFAULT_USER)
-        password = auth.get("password")
-        request.app[SQL_ENDPOINT].authenticate(user, password if isinstance(password, str) else None,
-                                               _peer_of(request))
-        session = await adapter.new_session(user, DATABASE, {str(k): str(v) for k, v in options.items()})
+        user, password, options = parse_auth_message(await _first_message(ws))
+        request.app[SQL_ENDPOINT].authenticate(user, password, _peer_of(request), cross_site=verdict.cross_site)
+        session = await adapter.new_session(user, DATABASE, options)
     except (BadRequest, HeadraceError) as exc:
-        message = exc.message if isinstance(exc, HeadraceError) else str(exc)
-        await ws.close(code=1008, message=message.encode()[:120])
+        payload = (error_payload(exc) if isinstance(exc, HeadraceError)
+                   else {"message": str(exc), "code": "08P01"})
+        await _send(ws, "Error", payload)
+        await ws.close(code=WS_CLOSE_PROTOCOL_ERROR, message=payload["message"].encode()[:120])
         return ws
     try:
         for name, value in session.startup_parameters().items():
@@ -382,17 +448,34 @@ async def _websocket_sql(request: web.Request) -> web.StreamResponse:
     return ws
 
 
-async def _first_message(ws: web.WebSocketResponse) -> dict[str, Any]:
-    message = await ws.receive()
+async def _first_message(ws: web.WebSocketResponse) -> object:
+    try:
+        message = await ws.receive(timeout=AUTH_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise BadRequest("expected an authentication message") from None
     if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
         raise BadRequest("expected an authentication message")
     try:
-        auth = json.loads(message.data)
+        return json.loads(message.data)
     except ValueError:
         raise BadRequest("the authentication message must be JSON") from None
-    if not isinstance(auth, dict):
-        raise BadRequest("the authentication message must be a JSON object")
-    return auth
+
+
+def parse_auth_message(auth: object) -> tuple[str, str | None, dict[str, str]]:
+    """(user, password, options) of the WebSocket's first message: a JSON object with only
+    "user", "password" (strings) and "options" (an object). A request ({"query": ...}) is not one."""
+    if not isinstance(auth, dict) or not set(auth) <= AUTH_FIELDS:
+        raise BadRequest('expected an authentication message {"user", "password", "options"} first')
+    user = auth.get("user", DEFAULT_USER)
+    password = auth.get("password")
+    options = auth.get("options")
+    if options is None:
+        options = {}
+    if not isinstance(user, str) or (password is not None and not isinstance(password, str)):
+        raise BadRequest('"user" and "password" must be strings')
+    if not isinstance(options, dict):
+        raise BadRequest('"options" must be a JSON object')
+    return user or DEFAULT_USER, password, {str(name): str(value) for name, value in options.items()}
 
 
 async def _serve_requests(ws: web.WebSocketResponse, session: SessionClient) -> None:

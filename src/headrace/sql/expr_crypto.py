@@ -1,6 +1,6 @@
 """Hashing, signatures and encodings for webhook CHECKs, with PostgreSQL's (and pgcrypto's) names and results:
 hmac, digest, constant_time_eq, md5, sha224/256/384/512, octet_length, encode/decode (hex, base64, escape),
-convert_to/convert_from.
+convert_to/convert_from, string_to_array; and headrace's constant_time_eq_any (a header with several signatures).
 """
 
 from __future__ import annotations
@@ -51,6 +51,27 @@ def _digest_bytes(data: bytes, kind: str) -> bytes:
     return hashlib.new(_digest_name(kind), data).digest()
 
 
+def _constant_time_eq_any(candidates: list[str | None], expected: str) -> bool:
+    """Every element is compared in constant time and none is skipped after a match, so the time
+    depends on the number and lengths of the candidates only, never on which one matched or where
+    they differ. NULL elements match nothing."""
+    wanted = _utf8(expected)
+    matched = False
+    for candidate in candidates:
+        if candidate is not None:
+            matched |= hmac_module.compare_digest(_utf8(candidate), wanted)
+    return matched
+
+
+def _string_to_array(text: str, delimiter: str) -> list[str | None]:
+    """As PostgreSQL: '' is an empty array; an empty delimiter gives the whole string as one element."""
+    if text == "":
+        return []
+    if delimiter == "":
+        return [text]
+    return list(text.split(delimiter))
+
+
 ANONYMOUS_FUNCTIONS.update({
     # pgcrypto's hmac(data, key, type) and digest(data, type)
     "hmac": [((T.TEXT, T.TEXT, T.TEXT), T.BYTEA, _hmac_text), ((T.BYTEA, T.BYTEA, T.TEXT), T.BYTEA, _hmac_bytes)],
@@ -58,9 +79,19 @@ ANONYMOUS_FUNCTIONS.update({
     # Materialize's constant_time_eq: comparison time does not depend on where the inputs differ
     "constant_time_eq": [((T.TEXT, T.TEXT), T.BOOLEAN, lambda a, b: hmac_module.compare_digest(_utf8(a), _utf8(b))),
                          ((T.BYTEA, T.BYTEA), T.BOOLEAN, hmac_module.compare_digest)],
+    # headrace's constant_time_eq_any(candidates, expected): does any element equal `expected`?
+    # For headers that carry several signatures (key rotation): see _constant_time_eq_any.
+    "constant_time_eq_any": [((T.TEXT_ARRAY, T.TEXT), T.BOOLEAN, lambda a, b: _constant_time_eq_any(a, b))],
     "sha224": [((T.BYTEA,), T.BYTEA, lambda v: hashlib.sha224(v).digest())],
     "octet_length": [((T.TEXT,), T.INTEGER, lambda v: len(_utf8(v))), ((T.BYTEA,), T.INTEGER, len)],
 })
+
+
+@_compiles(exp.StringToArray)
+def _string_to_array_node(node: exp.StringToArray, columns: Columns) -> Compiled:
+    """PostgreSQL's string_to_array(text, delimiter): to split a header into its signatures."""
+    arguments = compile_arguments([node.this, node.expression], columns)
+    return call_overloaded("string_to_array", arguments, [((T.TEXT, T.TEXT), T.TEXT_ARRAY, _string_to_array)])
 
 
 @_compiles(exp.MD5)

@@ -263,12 +263,20 @@ def schema_changed_key(harness: Harness) -> ScenarioResult:
     if target.schemaless:
         return ScenarioResult(name, SKIP, guarantee, "schemaless target: Apply records no key that a change could "
                               "contradict")
-    v2 = harness.spec("s6", _bindings(harness, "s6", extra=("extra",))[:1])
-    changed = harness.spec("s6", _bindings(harness, "s6", extra=("extra",), key=("id", "extra"))[:1])
-    runtime = harness.runtime(changed, "s6")
+    # Its own materialization, applied first with the original key: a driver that cannot be reached
+    # (or cannot apply at all) fails here, where an error is not a refusal, instead of passing below.
+    original = harness.spec("s6b", _bindings(harness, "s6b", extra=("extra",))[:1])
+    changed = harness.spec("s6b", _bindings(harness, "s6b", extra=("extra",), key=("id", "extra"))[:1])
+    first = harness.runtime(original, "s6b")
+    try:
+        first.validate()
+        first.apply(last_spec=None)
+    finally:
+        first.close()
+    runtime = harness.runtime(changed, "s6b")
     try:
         runtime.validate()
-        applied = runtime.apply(last_spec=v2)
+        applied = runtime.apply(last_spec=original)
     except Exception as exc:  # refused: what the protocol asks
         return ScenarioResult(name, PASS, guarantee, f"refused: {_brief(exc)}")
     finally:

@@ -116,14 +116,17 @@ class Coordinator:
             system_tables.add("sink_status", SystemRelation(STATUS_COLUMNS, self.sink_manager.status_rows))
 
     # ---- prepare ------------------------------------------------------------------------------
-    async def prepare(self, session: Session, name: str, sql: str, param_types: Sequence[int]) -> PreparedStatement:
+    async def prepare(self, session: Session, name: str, sql: str, param_types: Sequence[int],
+                      ast: exp.Expr | None = None) -> PreparedStatement:
+        """`ast`: `sql` parsed already (a large statement, parsed off the event loop by coordinator/client.py)."""
         if not sql.strip().strip(";").strip():
             return PreparedStatement(sql=sql, ast=None, description=StatementDescription((), None))
         fingerprint = self.plan_cache.fingerprint()
         cached = self.prepare_cached(sql, param_types, fingerprint)
         if cached is not None:
             return cached
-        ast = parse_statement(sql)
+        if ast is None:
+            ast = parse_statement(sql)
         if isinstance(ast, SESSION_STATEMENTS):
             return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))
         if is_query(ast):

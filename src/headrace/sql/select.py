@@ -30,6 +30,10 @@ PG_TYPE_NAMES = {
 
 RelationResolver = Callable[[str, str], bool]  # (schema, name) -> does a relation of that name exist
 
+# PostgreSQL's MaxTupleAttributeNumber (54011 beyond it) and the most parameters a Bind can carry (int16 count).
+MAX_TARGET_LIST_ENTRIES = 1664
+MAX_PARAMETER_NUMBER = 65535
+
 # DuckDB functions that PostgreSQL does not have and that reach files, the network, settings, secrets or other SQL
 # text: refused by name, as PostgreSQL refuses an unknown function (42883). The store is also locked down
 # (store/serving.locked_down_config), so a name missing here still cannot read a file.
@@ -68,6 +72,7 @@ def plan_select(ast: exp.Expr, relation_exists: RelationResolver, declared_param
     ast = ast.copy()
     unqualify_functions(ast)
     refuse_store_only_functions(ast)
+    _check_target_lists(ast)
     reads_system_catalog = _resolve_relations(ast, relation_exists)
     names = _output_names(ast)
     param_types = _param_types(ast, declared_param_types)
@@ -79,6 +84,12 @@ def plan_select(ast: exp.Expr, relation_exists: RelationResolver, declared_param
     return SelectPlan(duckdb_sql=ast.sql(dialect="duckdb"), column_names=tuple(names), param_types=param_types,
                       session_inputs=tuple(translator.session_inputs), reads_system_catalog=reads_system_catalog,
                       param_probe=_parameter_probe(ast, untyped) if untyped and not translator.session_inputs else None)
+
+
+def _check_target_lists(ast: exp.Expr) -> None:
+    for select in ast.find_all(exp.Select):
+        if len(select.expressions) > MAX_TARGET_LIST_ENTRIES:
+            raise HeadraceError(f"target lists can have at most {MAX_TARGET_LIST_ENTRIES} entries", sqlstate="54011")
 
 
 def refuse_store_only_functions(ast: exp.Expr) -> None:
@@ -264,6 +275,8 @@ def _param_types(ast: exp.Expr, declared: Sequence[int]) -> tuple[int, ...]:
         number = _parameter_number(node)
         if number is None:
             continue
+        if not 1 <= number <= MAX_PARAMETER_NUMBER:
+            raise HeadraceError(f"there is no parameter ${number}", sqlstate="42P02")
         parent = node.parent
         oid = TEXT_OID
         if isinstance(parent, exp.Cast):

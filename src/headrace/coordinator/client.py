@@ -4,9 +4,7 @@ coordinator. pgwire and the HTTP SQL API both use these."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from collections.abc import Sequence
 
 from headrace.coordinator.coordinator import Coordinator
 from headrace.coordinator.responses import (
@@ -32,14 +30,7 @@ from headrace.pgwire.types.time_zone import bind_session_variables
 from headrace.catalog.items import DEFAULT_DATABASE
 from headrace.sql import limits
 from headrace.sql.parser import parse_statement, split_statements
-
-# Text at least this long is split and parsed on PARSE_EXECUTOR, off the event loop: sqlglot parses ~30 KB/s of dense
-# expressions, so a statement of a few KB already costs the loop milliseconds (a 2 MB one stalled webhooks 85 s).
-# Below it the thread hop (~0.1 ms) would cost more than it saves.
-OFF_LOOP_PARSE_CHARS = 4096
-# One thread: concurrent large statements queue rather than multiply the CPU and memory they take.
-PARSE_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headrace-parse")
-_T = TypeVar("_T")
+from headrace.sql.limits import OFF_LOOP_PARSE_CHARS, off_loop
 
 
 class SessionClient:
@@ -83,7 +74,7 @@ class SessionClient:
         if len(sql) < OFF_LOOP_PARSE_CHARS:
             return split_statements(sql)
         limits.check_size(sql)  # refused at once, without a thread hop
-        return await _off_loop(split_statements, sql)
+        return await off_loop(split_statements, sql)
 
     async def prepare(self, name: str, sql: str, param_types: Sequence[int]) -> None:
         if name and name in self._session.statements:
@@ -92,7 +83,7 @@ class SessionClient:
             ast = None
             if len(sql) >= OFF_LOOP_PARSE_CHARS and self._coordinator.prepare_cached(sql, param_types) is None:
                 limits.check_size(sql)
-                ast = await _off_loop(parse_statement, sql)
+                ast = await off_loop(parse_statement, sql)
             try:
                 statement = await self._coordinator.prepare(self._session, name, sql, param_types, ast=ast)
             except RecursionError:
@@ -227,10 +218,6 @@ class AdapterClient:
 
     def _forget(self, client: SessionClient) -> None:
         self._sessions.pop(client.connection_id, None)
-
-
-async def _off_loop(function: Callable[[str], _T], sql: str) -> _T:
-    return await asyncio.get_running_loop().run_in_executor(PARSE_EXECUTOR, function, sql)
 
 
 __all__ = ["AdapterClient", "SessionClient", "TransactionStatus"]

@@ -53,6 +53,7 @@ from headrace.errors import (
     UndefinedObject,
 )
 from headrace.sql.ast import SavepointStatement, ShowObjects, SubscribeStatement
+from headrace.sql.limits import off_loop
 from headrace.sql.parser import parse_statement
 from headrace.sql.select import is_query, plan_select
 from headrace.sql.types import TEXT_OID
@@ -125,12 +126,15 @@ class Coordinator:
         cached = self.prepare_cached(sql, param_types, fingerprint)
         if cached is not None:
             return cached
+        parsed_off_loop = ast is not None
         if ast is None:
             ast = parse_statement(sql)
         if isinstance(ast, SESSION_STATEMENTS):
             return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))
         if is_query(ast):
-            plan = plan_select(ast, self._relation_exists, param_types)
+            # A large statement is planned off the event loop too: planning costs about what parsing did.
+            plan = (await off_loop(plan_select, ast, self._relation_exists, param_types) if parsed_off_loop
+                    else plan_select(ast, self._relation_exists, param_types))
             if plan.param_probe is not None:  # `k = $1`: $1 takes k's type, as in PostgreSQL
                 inferred = await self._run(probe_parameter_types, self.resources.store, plan, param_types)
                 if inferred is not None:

@@ -18,8 +18,12 @@ turns into the same 54001 (coordinator/client.py).
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from headrace.errors import HeadraceError
 
@@ -27,6 +31,15 @@ DEFAULT_MAX_STATEMENT_BYTES = 1 << 20
 MAX_EXPRESSION_DEPTH = 1000
 STACK_DEPTH_HINT = ('Increase the configuration parameter "max_stack_depth" (currently 2048kB), after ensuring the '
                     "platform's stack depth limit is adequate.")
+
+# Text at least this long is split, parsed and planned on PARSE_EXECUTOR, off the event loop (coordinator/client.py,
+# coordinator/coordinator.py): sqlglot parses some 30 KB/s of dense expressions and planning costs as much again,
+# so a statement of a few KB already costs milliseconds (a 2 MB one stalled webhooks 85 s). Below it the thread
+# hop (~0.1 ms) would cost more than it saves.
+OFF_LOOP_PARSE_CHARS = 4096
+# One thread: concurrent large statements queue rather than multiply the CPU and memory they take.
+PARSE_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headrace-parse")
+_T = TypeVar("_T")
 
 # Settable once at server start (server.py, from --max-statement-bytes).
 max_statement_bytes = DEFAULT_MAX_STATEMENT_BYTES
@@ -43,6 +56,11 @@ class StackDepthExceeded(HeadraceError):
 
     def __init__(self) -> None:
         super().__init__("stack depth limit exceeded", hint=STACK_DEPTH_HINT)
+
+
+async def off_loop(function: Callable[..., _T], *args: Any) -> _T:
+    """Run a parsing or planning step on PARSE_EXECUTOR."""
+    return await asyncio.get_running_loop().run_in_executor(PARSE_EXECUTOR, function, *args)
 
 
 def configure(max_bytes: int) -> None:

@@ -94,7 +94,7 @@ _BLOCK_COMMENT_PARTS = re.compile(r"/\*|\*/")
 class TextShape:
     """What one scan of SQL text found."""
 
-    statements: list[str]  # the text split at top-level semicolons (empty statements dropped)
+    statements: list[str]  # the text split at semicolons outside quotes and comments (empty statements dropped)
     depth: int  # the estimated expression depth (see module doc)
 
 
@@ -115,7 +115,7 @@ def check_size(sql: str) -> None:
 
 
 def scan(sql: str) -> TextShape:
-    """Split `sql` at top-level semicolons and estimate its expression depth; raises StackDepthExceeded as soon
+    """Split `sql` at semicolons (outside quotes and comments) and estimate its expression depth; raises StackDepthExceeded as soon
     as the estimate passes MAX_EXPRESSION_DEPTH. Unterminated quotes or comments run to the end of the text (the
     parser reports them)."""
     statements: list[str] = []
@@ -138,12 +138,15 @@ def scan(sql: str) -> TextShape:
         elif kind == "close":
             if len(levels) > 1:
                 total -= levels.pop() + 1
+        elif kind == "separator" and match.group() == ";":
+            # Every semicolon ends a statement, inside parentheses too (as sqlglot's tokenizer splits; such a
+            # statement is a syntax error either way).
+            _add_statement(statements, sql[start:match.start()])
+            start = position
+            levels, total = [0], 0
         elif kind == "separator" or kind == "boolean":
             total -= levels[-1]
             levels[-1] = 0
-            if match.group() == ";" and len(levels) == 1:
-                _add_statement(statements, sql[start:match.start()])
-                start = position
         elif kind == "block_comment":
             position = _end_of_block_comment(sql, position)
         elif kind == "dollar":

@@ -10,7 +10,7 @@ import pytest
 
 from headrace.errors import HeadraceError
 from headrace.sql import limits
-from headrace.sql.parser import SCAN_SPLIT_CHARS, parse_statement, split_statements
+from headrace.sql.parser import SCAN_SPLIT_CHARS, parse_client_statement, parse_statement, split_statements
 from headrace.sql.select import STORE_ONLY_FUNCTIONS, plan_select
 
 
@@ -65,15 +65,24 @@ def test_flat_lists_are_not_deep() -> None:
 ])
 def test_too_deep_is_54001_with_postgresqls_hint(text: str) -> None:
     with pytest.raises(limits.StackDepthExceeded) as raised:
-        parse_statement(text)
+        parse_client_statement(text)
     assert raised.value.sqlstate == "54001" and raised.value.message == "stack depth limit exceeded"
     assert raised.value.hint is not None and 'max_stack_depth' in raised.value.hint
+
+
+def test_deeper_than_the_parser_goes_is_54001_for_any_text() -> None:
+    with pytest.raises(limits.StackDepthExceeded):  # Python's recursion limit inside sqlglot, mapped
+        parse_statement("SELECT " + "(" * 100 + "1" + ")" * 100)
+
+
+def test_the_catalog_s_own_text_is_not_held_to_the_client_limits() -> None:
+    assert len(split_statements("SELECT " + "+".join(["1"] * 40_000) + "; SELECT 2")) == 2
 
 
 def test_too_long_is_refused_before_any_scan() -> None:
     text = "SELECT " + "+".join(["1"] * 5_000_000)  # 10 MB
     started = time.perf_counter()
-    for call in (lambda: parse_statement(text), lambda: split_statements(text)):
+    for call in (lambda: parse_client_statement(text), lambda: limits.check_statement(text)):
         with pytest.raises(limits.StatementTooLong) as raised:
             call()
         assert raised.value.sqlstate == "54000" and "statement is too long" in raised.value.message

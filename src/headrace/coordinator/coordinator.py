@@ -54,7 +54,7 @@ from headrace.errors import (
 )
 from headrace.sql.ast import SavepointStatement, ShowObjects, SubscribeStatement
 from headrace.sql.limits import off_loop
-from headrace.sql.parser import parse_statement
+from headrace.sql.parser import parse_client_statement
 from headrace.sql.select import is_query, plan_select
 from headrace.sql.types import TEXT_OID
 from headrace.store.query import describe_query, probe_parameter_types, run_query, session_parameters
@@ -128,7 +128,7 @@ class Coordinator:
             return cached
         parsed_off_loop = ast is not None
         if ast is None:
-            ast = parse_statement(sql)
+            ast = parse_client_statement(sql)
         if isinstance(ast, SESSION_STATEMENTS):
             return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))
         if is_query(ast):

@@ -99,7 +99,9 @@ class TextShape:
 
 
 def check_statement(sql: str) -> None:
-    """Refuse `sql` (one or more statements) if it is too long or too deep; cheap next to parsing it."""
+    """Refuse `sql` (one or more statements from a client) if it is too long or too deep; cheap next to parsing it.
+    Text the server wrote itself (the catalog's CREATE statements) is not checked: a lower limit set later must
+    not make a server unable to read its own catalog."""
     check_size(sql)
     scan(sql)
 
@@ -114,10 +116,11 @@ def check_size(sql: str) -> None:
                                hint="raise the server's --max-statement-bytes, or send rows with COPY FROM STDIN")
 
 
-def scan(sql: str) -> TextShape:
-    """Split `sql` at semicolons (outside quotes and comments) and estimate its expression depth; raises StackDepthExceeded as soon
-    as the estimate passes MAX_EXPRESSION_DEPTH. Unterminated quotes or comments run to the end of the text (the
-    parser reports them)."""
+def scan(sql: str, max_depth: int | None = MAX_EXPRESSION_DEPTH) -> TextShape:
+    """Split `sql` at semicolons (outside quotes and comments) and estimate its expression depth; raises
+    StackDepthExceeded as soon as the estimate passes `max_depth` (None: never). Unterminated quotes or comments run
+    to the end of the text (the parser reports them)."""
+    limit = max_depth if max_depth is not None else len(sql) + 1
     statements: list[str] = []
     levels = [0]  # operators since the last separator, per open parenthesis level
     depth = total = 0
@@ -154,7 +157,7 @@ def scan(sql: str) -> TextShape:
             position = length if end < 0 else end + len(match.group())
         if total > depth:
             depth = total
-            if depth > MAX_EXPRESSION_DEPTH:
+            if depth > limit:
                 raise StackDepthExceeded()
     _add_statement(statements, sql[start:])
     return TextShape(statements, depth)

@@ -130,12 +130,9 @@ SCAN_SPLIT_CHARS = 64 * 1024
 
 def split_statements(sql: str) -> list[str]:
     """Split text into statements at top-level semicolons, using sqlglot's tokenizer (so that
-    semicolons inside strings, identifiers and comments are not split on). Refuses text over the
-    statement limits first (sql/limits.py: 54000, 54001)."""
-    limits.check_size(sql)
-    shape = limits.scan(sql)
+    semicolons inside strings, identifiers and comments are not split on)."""
     if len(sql) > SCAN_SPLIT_CHARS:
-        return shape.statements
+        return limits.scan(sql, max_depth=None).statements
     try:
         tokens = Headrace().tokenize(sql)
     except TokenError as exc:
@@ -161,13 +158,19 @@ def parse_statement(sql: str) -> exp.Expr:
     """Parse exactly one statement. Syntax errors become 42601 with PostgreSQL's 1-based position."""
     from headrace.sql.session_statements import parse_session_statement  # imports this module
 
-    limits.check_statement(sql)
     try:
         return _parse_statement(sql, parse_session_statement)
     except RecursionError:
         # Deeper than sqlglot's recursive descent goes (e.g. ~60 nested parentheses): PostgreSQL's answer for an
         # expression deeper than its stack.
         raise limits.StackDepthExceeded() from None
+
+
+def parse_client_statement(sql: str) -> exp.Expr:
+    """parse_statement for text a client sent: refused first if over the statement limits (sql/limits.py: 54000 too
+    long, 54001 too deep), before sqlglot spends time and memory on it."""
+    limits.check_statement(sql)
+    return parse_statement(sql)
 
 
 def _parse_statement(sql: str, parse_session_statement: Callable[..., exp.Expr | None]) -> exp.Expr:

@@ -63,7 +63,8 @@ class PgStreamProtocol(asyncio.StreamReaderProtocol):
         self._counter = counter if counter is not None else ConnectionCounter()
         self._counted = False
         self.over_limit = False  # connections beyond max_connections are answered 53300 at startup
-        self.last_input = 0.0  # loop time of the latest bytes received (idle-session timeout)
+        self.last_input = 0.0  # loop time of the latest bytes received, kept only for the idle-session timeout
+        self._clock = asyncio.get_running_loop().time if self.limits.idle_session_timeout_s > 0 else None
         self.connection: PgConnection | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.idle = False  # the task waits in reader.read() with nothing buffered: set and cleared by it
@@ -87,7 +88,8 @@ class PgStreamProtocol(asyncio.StreamReaderProtocol):
         await serve_connection(self._adapter, reader, writer, self._security, self)
 
     def data_received(self, data: bytes) -> None:
-        self.last_input = asyncio.get_running_loop().time()
+        if self._clock is not None:
+            self.last_input = self._clock()
         connection, writer, context = self.connection, self.writer, self.context
         if (self.idle and connection is not None and writer is not None and context is not None
                 and writer.transport.get_write_buffer_size() < WRITE_HIGH_WATER):

@@ -370,3 +370,20 @@ def test_trusting_the_world_on_a_public_address_is_refused(tmp_path: Path, auth:
     assert result.returncode == 1
     assert "refusing to listen on 0.0.0.0" in result.stderr and "--insecure" in result.stderr
     assert not (tmp_path / "data" / "store.duckdb").exists()
+
+
+def test_the_locked_down_store_still_materializes(limited: HeadraceProcess) -> None:
+    """Nothing the store does needs external access: webhook rows still reach SQL through the pipeline."""
+    for number in range(5):
+        request = urllib.request.Request(limited.webhook_url("hooks"), data=json.dumps({"check": number}).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+    deadline = time.monotonic() + 240  # Spark's first batch, on a busy machine
+    visible = 0
+    while time.monotonic() < deadline:
+        state, text = sqlstate_of(limited, "SELECT count(*) FROM hooks WHERE body->>'check' IS NOT NULL")
+        if state is None and (visible := int(text.strip("[](),"))) == 5:
+            break
+        time.sleep(1)
+    assert visible == 5, text

@@ -136,3 +136,46 @@ def test_postgresql_functions_still_plan() -> None:
     assert "GENERATE_SERIES" in str(plan("SELECT * FROM generate_series(1, 3)"))
     assert "REPEAT" in str(plan("SELECT repeat('a', 3)"))
     assert not STORE_ONLY_FUNCTIONS & {"generate_series", "repeat", "unnest", "json_each"}
+
+
+# --- the serving store's own lockdown, below the translation --------------------------------------------------
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM read_text('/etc/passwd')", "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_json('/etc/passwd')", "SELECT * FROM read_blob('/etc/passwd')",
+    "SELECT * FROM read_parquet('/etc/passwd')", "SELECT * FROM glob('/etc/*')",
+    "COPY (SELECT 1) TO '{tmp}/copied.csv'", "ATTACH '{tmp}/other.duckdb' AS other", "INSTALL httpfs", "LOAD httpfs",
+    "SET enable_external_access = true", "SET threads = 1", "SET GLOBAL integer_division = false",
+    "SELECT * FROM query('SELECT * FROM read_text(''/etc/passwd'')')",
+])
+def test_the_store_itself_refuses_files_extensions_and_settings(tmp_path: object, sql: str) -> None:
+    import duckdb
+
+    from headrace.store.query import translate_error
+    from headrace.store.serving import ServingStore
+
+    store = ServingStore(tmp_path / "store.duckdb", threads=1)  # type: ignore[operator]
+    try:
+        with store.cursor() as cursor:
+            with pytest.raises(duckdb.Error) as refused:
+                cursor.execute(sql.format(tmp=tmp_path))
+            assert translate_error(refused.value).sqlstate != "XX000"
+            assert cursor.execute("SELECT 7 / 2").fetchone() == (3,)  # PostgreSQL's integer division stays on
+    finally:
+        store.close()
+    assert not (tmp_path / "copied.csv").exists() and not (tmp_path / "other.duckdb").exists()  # type: ignore[operator]
+
+
+def test_store_errors_for_unknown_functions_and_depth_are_postgresqls() -> None:
+    import duckdb
+
+    from headrace.store.query import translate_error
+    from headrace.store.serving import locked_down_config
+
+    connection = duckdb.connect(":memory:", config=locked_down_config(1))
+    for sql, state in (("SELECT pg_read_file('x')", "42883"), ("SELECT * FROM pg_ls_dir('/')", "42883"),
+                       ("SELECT * FROM read_text('/etc/passwd')", "42501"),
+                       ("SELECT " + "+".join(["1"] * 1200), "54001")):
+        with pytest.raises(duckdb.Error) as refused:
+            connection.execute(sql)
+        assert translate_error(refused.value).sqlstate == state, sql

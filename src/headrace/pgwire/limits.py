@@ -9,7 +9,7 @@
 * `max_connections` (--max-connections, 100 as PostgreSQL): connections at once, authenticated or not; one more
   is answered, once its startup packet arrived, FATAL 53300 "sorry, too many clients already".
 * `auth_timeout_s` (--auth-timeout, 60 s as PostgreSQL's authentication_timeout): a connection that has not
-  completed authentication by then is closed (FATAL 08P01 "canceling authentication due to timeout" if it
+  completed authentication by then is closed (FATAL 57014 "canceling authentication due to timeout" if it
   had sent its startup packet), so idle sockets cannot pile up before authentication.
 * `idle_session_timeout_s` (--idle-session-timeout, 0 = off as PostgreSQL): an authenticated connection idle
   outside a transaction block that long is closed with FATAL 57P05.
@@ -39,9 +39,9 @@ def too_many_clients() -> HeadraceError:
 
 
 def authentication_timeout() -> HeadraceError:
-    # PostgreSQL raises it as a FATAL with ERRCODE_PROTOCOL_VIOLATION (postmaster's StartupPacketTimeoutHandler
-    # exits silently before the startup packet; after it, the backend's "canceling authentication due to timeout").
-    return HeadraceError("canceling authentication due to timeout", sqlstate="08P01")
+    # PostgreSQL's FATAL (ProcessInterrupts, ERRCODE_QUERY_CANCELED). PostgreSQL only logs it: during authentication
+    # it sends nothing to the client; here the transport's write cannot block, so the client is told why.
+    return HeadraceError("canceling authentication due to timeout", sqlstate="57014")
 
 
 def idle_session_timeout() -> HeadraceError:

@@ -33,6 +33,7 @@ from headrace.pipeline.supervisor import PipelineSupervisor
 from headrace.sql import limits as sql_limits
 from headrace.sql.ddl import item_from_create_sql
 from headrace.sql.limits import DEFAULT_MAX_STATEMENT_BYTES
+from headrace.store.query import STATIC_SETTINGS
 from headrace.store.serving import ServingStore
 from headrace.store.system_tables import SystemTables
 from headrace.webhook.ingest import IngestRegistry, IngestSettings
@@ -136,6 +137,8 @@ def check_listen_security(config: ServerConfig) -> None:
 async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     check_listen_security(config)
     sql_limits.configure(config.max_statement_bytes)
+    # current_setting('max_connections') answers what this server enforces (pgwire/limits.py).
+    STATIC_SETTINGS["max_connections"] = str(config.pg_limits.max_connections)
     lock = lock_data_dir(config.data_dir)
     layout = DataLayout(config.data_dir.resolve())
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headrace-store")

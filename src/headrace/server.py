@@ -26,11 +26,15 @@ from headrace.http.settings import HttpSettings
 from headrace.http.sql_api import set_sql_adapter
 from headrace.materialize.driver import start_driver_server
 from headrace.materialize.drivers.serving import ServingConnector, ServingTransactor
-from headrace.pgwire.auth import parse_auth_rules
+from headrace.pgwire.auth import insecure_trust_rules, parse_auth_rules
+from headrace.pgwire.limits import PgLimits, raise_open_file_limit
 from headrace.pgwire.security import SecurityConfig, make_tls_context
 from headrace.pgwire.server import start_pgwire_server
 from headrace.pipeline.supervisor import PipelineSupervisor
+from headrace.sql import limits as sql_limits
 from headrace.sql.ddl import item_from_create_sql
+from headrace.sql.limits import DEFAULT_MAX_STATEMENT_BYTES
+from headrace.store.query import STATIC_SETTINGS
 from headrace.store.serving import ServingStore
 from headrace.store.system_tables import SystemTables
 from headrace.webhook.ingest import IngestRegistry, IngestSettings
@@ -51,6 +55,9 @@ class ServerConfig:
     webhook: IngestSettings = IngestSettings()  # limits, group commit, request log (docs/webhooks.md)
     http: HttpSettings = HttpSettings()  # the HTTP port's timeouts and allowed Origins (docs/settings.md)
     store_threads: int | None = None  # DuckDB's threads; None: one per core but one (store/serving.py)
+    pg_limits: PgLimits = PgLimits()  # pgwire message size, connection count and timeouts (pgwire/limits.py)
+    max_statement_bytes: int = DEFAULT_MAX_STATEMENT_BYTES  # SQL text per statement, pgwire and HTTP (sql/limits.py)
+    insecure: bool = False  # allow trust rules that reach beyond loopback on a non-loopback address
 
 
 class DataDirLocked(Exception):
@@ -110,7 +117,30 @@ async def _freeze_after_warm_up(delay_s: float = WARM_UP_S) -> None:
     gc.freeze()
 
 
+class InsecureConfiguration(Exception):
+    pass
+
+
+def check_listen_security(config: ServerConfig) -> None:
+    """Refuse to serve a non-loopback address where a trust rule would let other machines in without a password,
+    unless --insecure is given; then warn loudly, in the log, once."""
+    trusted = insecure_trust_rules(parse_auth_rules(config.auth), config.host)
+    if not trusted:
+        return
+    shown = ", ".join(f"{rule.hosts}" for rule in trusted)
+    if not config.insecure:
+        raise InsecureConfiguration(
+            f"refusing to listen on {config.host} with --auth trusting {shown}: any client that reaches this address "
+            "would be a superuser without a password. Trust loopback only (the default), or pass --insecure")
+    log.warning("INSECURE: listening on %s with --auth trusting %s: anyone who reaches this address is a superuser "
+                "without a password (--insecure)", config.host, shown)
+
+
 async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
+    check_listen_security(config)
+    sql_limits.configure(config.max_statement_bytes)
+    # current_setting('max_connections') answers what this server enforces (pgwire/limits.py).
+    STATIC_SETTINGS["max_connections"] = str(config.pg_limits.max_connections)
     lock = lock_data_dir(config.data_dir)
     layout = DataLayout(config.data_dir.resolve())
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headrace-store")
@@ -145,7 +175,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     security = SecurityConfig(parse_auth_rules(config.auth), roles,
                               make_tls_context(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None)
     set_sql_adapter(http_app, adapter, security)  # the HTTP SQL API answers 503 until now
-    pg_server = await start_pgwire_server(adapter, config.host, config.pg_port, security)
+    pg_server = await start_pgwire_server(adapter, config.host, config.pg_port, security, config.pg_limits)
     await supervisor.start([*catalog.sources(), *catalog.tables()],  # type: ignore[list-item]
                            coordinator.views.in_dependency_order())
 
@@ -196,6 +226,7 @@ def _remove_orphans(layout: DataLayout, live_ids: set[str]) -> None:
 
 def run(config: ServerConfig) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    raise_open_file_limit()  # a descriptor per client: the soft limit (often 1,024) would refuse them silently
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -49,6 +49,9 @@ class StreamingSession:
     def split_statements(self, sql: str) -> list[str]:
         return [sql]
 
+    async def split_statements_off_loop(self, sql: str) -> list[str]:
+        return [sql]
+
     async def prepare(self, name: str, sql: str, param_types: Any) -> None:
         pass
 

@@ -126,6 +126,9 @@ class ScriptedSession:
         self.calls.append(f"split {sql}")
         return [part.strip() for part in sql.split(";") if part.strip()]
 
+    async def split_statements_off_loop(self, sql: str) -> list[str]:
+        return self.split_statements(sql)
+
     async def prepare(self, name: str, sql: str, param_types: Sequence[int]) -> None:
         self.calls.append(f"prepare {name!r} {sql}")
         if name and name in self.statements:

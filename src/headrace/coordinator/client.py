@@ -28,7 +28,9 @@ from headrace.coordinator.session import (
 from headrace.errors import HeadraceError, InternalError
 from headrace.pgwire.types.time_zone import bind_session_variables
 from headrace.catalog.items import DEFAULT_DATABASE
-from headrace.sql.parser import split_statements
+from headrace.sql import limits
+from headrace.sql.parser import parse_client_statement, split_statements
+from headrace.sql.limits import OFF_LOOP_PARSE_CHARS, off_loop
 
 
 class SessionClient:
@@ -63,13 +65,29 @@ class SessionClient:
         return {reported: self._session.variables[name] for name, reported in REPORTED_VARIABLES.items()}
 
     def split_statements(self, sql: str) -> list[str]:
-        return split_statements(sql)
+        """Split on the calling thread: for short text (see split_statements_off_loop). Refuses text over the
+        statement limits (sql/limits.py: 54000 too long, 54001 too deep)."""
+        return _checked_split(sql)
+
+    async def split_statements_off_loop(self, sql: str) -> list[str]:
+        """split_statements; text of OFF_LOOP_PARSE_CHARS or more is checked and split on the parse thread."""
+        if len(sql) < OFF_LOOP_PARSE_CHARS:
+            return _checked_split(sql)
+        limits.check_size(sql)  # refused at once, without a thread hop
+        return await off_loop(_checked_split, sql)
 
     async def prepare(self, name: str, sql: str, param_types: Sequence[int]) -> None:
         if name and name in self._session.statements:
             raise HeadraceError(f'prepared statement "{name}" already exists', sqlstate="42P05")
         with self._possession():
-            statement = await self._coordinator.prepare(self._session, name, sql, param_types)
+            ast = None
+            if len(sql) >= OFF_LOOP_PARSE_CHARS and self._coordinator.prepare_cached(sql, param_types) is None:
+                limits.check_size(sql)
+                ast = await off_loop(parse_client_statement, sql)
+            try:
+                statement = await self._coordinator.prepare(self._session, name, sql, param_types, ast=ast)
+            except RecursionError:
+                raise limits.StackDepthExceeded() from None  # planning an expression sqlglot barely parsed
         self._session.statements[name] = statement
 
     def cached_statement(self, name: str, sql: str | None, param_types: Sequence[int]) -> PreparedStatement | None:
@@ -158,6 +176,11 @@ class SessionClient:
 
     def _possession(self) -> _Possession:
         return _Possession(self)
+
+
+def _checked_split(sql: str) -> list[str]:
+    limits.check_statement(sql)
+    return split_statements(sql)
 
 
 class _Possession:

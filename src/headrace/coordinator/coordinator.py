@@ -53,7 +53,8 @@ from headrace.errors import (
     UndefinedObject,
 )
 from headrace.sql.ast import SavepointStatement, ShowObjects, SubscribeStatement
-from headrace.sql.parser import parse_statement
+from headrace.sql.limits import off_loop
+from headrace.sql.parser import parse_client_statement
 from headrace.sql.select import is_query, plan_select
 from headrace.sql.types import TEXT_OID
 from headrace.store.query import describe_query, probe_parameter_types, run_query, session_parameters
@@ -116,18 +117,24 @@ class Coordinator:
             system_tables.add("sink_status", SystemRelation(STATUS_COLUMNS, self.sink_manager.status_rows))
 
     # ---- prepare ------------------------------------------------------------------------------
-    async def prepare(self, session: Session, name: str, sql: str, param_types: Sequence[int]) -> PreparedStatement:
+    async def prepare(self, session: Session, name: str, sql: str, param_types: Sequence[int],
+                      ast: exp.Expr | None = None) -> PreparedStatement:
+        """`ast`: `sql` parsed already (a large statement, parsed off the event loop by coordinator/client.py)."""
         if not sql.strip().strip(";").strip():
             return PreparedStatement(sql=sql, ast=None, description=StatementDescription((), None))
         fingerprint = self.plan_cache.fingerprint()
         cached = self.prepare_cached(sql, param_types, fingerprint)
         if cached is not None:
             return cached
-        ast = parse_statement(sql)
+        parsed_off_loop = ast is not None
+        if ast is None:
+            ast = parse_client_statement(sql)
         if isinstance(ast, SESSION_STATEMENTS):
             return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))
         if is_query(ast):
-            plan = plan_select(ast, self._relation_exists, param_types)
+            # A large statement is planned off the event loop too: planning costs about what parsing did.
+            plan = (await off_loop(plan_select, ast, self._relation_exists, param_types) if parsed_off_loop
+                    else plan_select(ast, self._relation_exists, param_types))
             if plan.param_probe is not None:  # `k = $1`: $1 takes k's type, as in PostgreSQL
                 inferred = await self._run(probe_parameter_types, self.resources.store, plan, param_types)
                 if inferred is not None:
@@ -141,7 +148,9 @@ class Coordinator:
             else:
                 columns = await self._run(describe_query, self.resources.store, plan)
             statement = PreparedStatement(sql, ast, StatementDescription(plan.param_types, columns), plan)
-            if plan is unbound:
+            # A large statement (parsed off the loop) is neither a point lookup nor worth a cache entry's memory, and
+            # learning its shape would walk its whole tree on the event loop.
+            if plan is unbound and not parsed_off_loop:
                 statement = self.fast_path.learn(sql, param_types, ast, statement, fingerprint)
                 self.plan_cache.put(sql, param_types, statement)
             return statement

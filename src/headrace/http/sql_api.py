@@ -157,12 +157,12 @@ class RequestRun:
         try:
             for query in queries:
                 if query.params is None:
-                    statements = self.session.split_statements(query.sql)
+                    statements = await self.session.split_statements_off_loop(query.sql)
                     for statement in statements:
                         async for event in self._statement(statement, None):
                             yield event
                 else:
-                    statements = self.session.split_statements(query.sql)
+                    statements = await self.session.split_statements_off_loop(query.sql)
                     if len(statements) > 1:
                         raise HeadraceError("each query must contain exactly one statement", sqlstate="42601")
                     async for event in self._statement(statements[0] if statements else "", query.params):

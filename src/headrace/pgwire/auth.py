@@ -2,9 +2,12 @@
 cleartext-password and SCRAM-SHA-256 exchanges as objects fed the payloads of 'p' messages.
 
 Rules are tried in order, the first match decides (as pg_hba.conf). Text form, comma separated:
-    METHOD                      every connection
-    [USER@]HOSTS=METHOD         HOSTS: all | loopback | an address or CIDR network
-e.g. "headrace@loopback=trust,all=scram-sha-256". The default trusts loopback only.
+    METHOD                              every connection
+    [KIND ][USER@]HOSTS=METHOD          HOSTS: all | loopback | an address or CIDR network
+KIND is pg_hba.conf's connection type: `host` (any TCP connection, the default), `hostssl` (only connections
+that completed TLS) or `hostnossl` (only connections without TLS). e.g. "headrace@loopback=trust,all=scram-sha-256"
+(the default: trusts loopback only), or "loopback=trust,hostssl all=scram-sha-256" to require TLS of every other
+client: a connection no rule matches is refused with 28000 "no pg_hba.conf entry ...", as PostgreSQL does.
 """
 
 from __future__ import annotations
@@ -44,14 +47,25 @@ class AuthenticationFailed(HeadraceError):
     severity = "FATAL"
 
 
+class ConnectionKind(enum.Enum):
+    """pg_hba.conf's first column, for TCP connections."""
+
+    HOST = "host"  # with or without TLS
+    HOSTSSL = "hostssl"  # only over TLS
+    HOSTNOSSL = "hostnossl"  # only without TLS
+
+
 @dataclass(frozen=True, slots=True)
 class AuthRule:
     method: AuthMethod
     user: str | None = None  # None: every user
     hosts: str | IPNetwork = "all"  # "all" | "loopback" | a network
+    kind: ConnectionKind = ConnectionKind.HOST
 
-    def matches(self, user: str, address: str | None) -> bool:
+    def matches(self, user: str, address: str | None, tls: bool = False) -> bool:
         if self.user is not None and self.user != user:
+            return False
+        if (self.kind is ConnectionKind.HOSTSSL and not tls) or (self.kind is ConnectionKind.HOSTNOSSL and tls):
             return False
         if self.hosts == "all":
             return True
@@ -60,6 +74,12 @@ class AuthRule:
             return client is None or client.is_loopback  # None: a Unix socket, local like loopback
         assert not isinstance(self.hosts, str)
         return client is not None and client.version == self.hosts.version and client in self.hosts
+
+    def trusts_beyond_loopback(self) -> bool:
+        """A trust rule that can match a client on another machine (refused on a public address without --insecure)."""
+        if self.method is not AuthMethod.TRUST or self.hosts == "loopback":
+            return False
+        return self.hosts == "all" or not self.hosts.is_loopback  # type: ignore[union-attr]
 
 
 DEFAULT_AUTH_RULES = (AuthRule(AuthMethod.TRUST, hosts="loopback"), AuthRule(AuthMethod.SCRAM_SHA_256))
@@ -77,6 +97,16 @@ def parse_auth_rules(text: str) -> tuple[AuthRule, ...]:
         except ValueError:
             choices = ", ".join(method.value for method in AuthMethod)
             raise ValueError(f"unknown authentication method {method_text!r} (one of {choices})") from None
+        kind = ConnectionKind.HOST
+        words = target.split()
+        if len(words) == 2:
+            try:
+                kind = ConnectionKind(words[0].lower())
+            except ValueError:
+                raise ValueError(f"unknown connection type {words[0]!r} in --auth (host, hostssl or hostnossl)") from None
+            target = words[1]
+        elif len(words) > 2:
+            raise ValueError(f"bad --auth rule {entry!r}: [host|hostssl|hostnossl ][USER@]HOSTS=METHOD")
         user, _, hosts_text = target.rpartition("@") if "@" in target else ("", "", target)
         hosts_text = hosts_text.strip().lower() or "all"
         hosts: str | IPNetwork = hosts_text
@@ -85,22 +115,39 @@ def parse_auth_rules(text: str) -> tuple[AuthRule, ...]:
                 hosts = ipaddress.ip_network(hosts_text, strict=False)
             except ValueError:
                 raise ValueError(f"bad host {hosts_text!r} in --auth (all, loopback, an address or a CIDR)") from None
-        rules.append(AuthRule(method, user.strip() or None, hosts))
+        rules.append(AuthRule(method, user.strip() or None, hosts, kind))
     if not rules:
         raise ValueError("--auth needs at least one rule")
     return tuple(rules)
 
 
-def choose_method(rules: tuple[AuthRule, ...], user: str, address: str | None) -> AuthMethod:
+def choose_method(rules: tuple[AuthRule, ...], user: str, address: str | None, tls: bool = False) -> AuthMethod:
     for rule in rules:
-        if rule.matches(user, address):
+        if rule.matches(user, address, tls):
             return rule.method
     return AuthMethod.REJECT
 
 
-def rejection(user: str, address: str | None, tls: bool) -> HeadraceError:
-    return HeadraceError(f'no authentication rule for host "{address or "local"}", user "{user}", '
+def rejection(user: str, address: str | None, tls: bool, database: str | None = None) -> HeadraceError:
+    """PostgreSQL's words for a connection no pg_hba.conf line matches (an explicit `reject` rule included)."""
+    on = f', database "{database}"' if database is not None else ""
+    return HeadraceError(f'no pg_hba.conf entry for host "{address or "[local]"}", user "{user}"{on}, '
                          f'{"SSL encryption" if tls else "no encryption"}', sqlstate="28000")
+
+
+def insecure_trust_rules(rules: tuple[AuthRule, ...], host: str) -> list[AuthRule]:
+    """The trust rules that would let clients on other machines in without a password when the server listens on
+    `host`: none unless `host` is reachable from elsewhere (not a loopback address or name)."""
+    if _listens_on_loopback_only(host):
+        return []
+    return [rule for rule in rules if rule.trusts_beyond_loopback()]
+
+
+def _listens_on_loopback_only(host: str) -> bool:
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    address = _ip_address(host)
+    return address is not None and address.is_loopback
 
 
 def _ip_address(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

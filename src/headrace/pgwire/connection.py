@@ -29,6 +29,7 @@ from headrace.pgwire.messages.frontend import peek_bound_group, peek_query
 from headrace.pgwire.extended_query import ExtendedQueryHandler
 from headrace.pgwire.auth import AuthMethod, Handshake, choose_method, make_handshake, rejection
 from headrace.pgwire.interfaces import AdapterClient, SessionClient
+from headrace.pgwire.limits import DEFAULT_MAX_MESSAGE_BYTES
 from headrace.pgwire.results import WatchPeer
 from headrace.pgwire.security import SecurityConfig
 from headrace.pgwire.simple_query import UNNAMED, run_simple_query
@@ -71,9 +72,14 @@ _IGNORED_OUTSIDE_COPY = (messages.CopyData, messages.CopyDone, messages.CopyFail
 
 class PgConnection:
     def __init__(self, adapter: AdapterClient, security: SecurityConfig | None = None,
-                 peer_address: str | None = None) -> None:
-        """`peer_address`: the client's IP address (None for a Unix socket), for the auth rules."""
+                 peer_address: str | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 refusal: HeadraceError | None = None) -> None:
+        """`peer_address`: the client's IP address (None for a Unix socket), for the auth rules.
+        `max_message_bytes`: the longest message accepted once authenticated (pgwire/limits.py).
+        `refusal`: the FATAL error to answer the startup packet with (e.g. 53300, too many clients)."""
         self._adapter = adapter
+        self._max_message_bytes = max_message_bytes
+        self._refusal = refusal
         self._security = security if security is not None else SecurityConfig()
         self._peer_address = peer_address
         self._tls_active = False
@@ -131,6 +137,13 @@ class PgConnection:
             return query is not None and answer_simple_query(session, query.sql, self._out)
         group = peek_bound_group(data)
         return group is not None and group.size == len(data) and answer_bound_group(session, group, self._out)
+
+    def timed_out(self, error: HeadraceError) -> None:
+        """The transport closes the connection for a timeout: `error` (FATAL) goes out first, if the client is past
+        its startup packet (before it, PostgreSQL closes without a word)."""
+        if self._state is not ConnectionState.AWAITING_STARTUP:
+            self._write_error(error, "FATAL")
+        self._state = ConnectionState.CLOSED
 
     def tls_started(self) -> None:
         """The transport finished the TLS handshake that START_TLS asked for."""
@@ -226,11 +239,13 @@ class PgConnection:
             request = check_startup(message, self._out)
         except Exception as exc:
             return await self._fatal(exc)
-        method = choose_method(self._security.auth_rules, request.user, self._peer_address)
+        if self._refusal is not None:  # over the connection limit: said once the startup packet is read, as PostgreSQL
+            return await self._fatal(self._refusal)
+        method = choose_method(self._security.auth_rules, request.user, self._peer_address, self._tls_active)
         if method is AuthMethod.TRUST:
             return await self._open_session(request)
         if method is AuthMethod.REJECT:
-            return await self._fatal(rejection(request.user, self._peer_address, self._tls_active))
+            return await self._fatal(rejection(request.user, self._peer_address, self._tls_active, request.database))
         self._startup = request
         self._handshake = make_handshake(method, request.user, self._security.credentials)
         self._out += self._handshake.start()
@@ -262,6 +277,7 @@ class PgConnection:
             return await self._fatal(exc)
         self._session = session
         self._extended = ExtendedQueryHandler(session)
+        self._decoder.authenticated(self._max_message_bytes)
         self._state = ConnectionState.READY
         return [Signal.FLUSH]
 

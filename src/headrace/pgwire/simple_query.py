@@ -24,7 +24,7 @@ async def run_simple_query(session: SessionClient, sql: str, out: bytearray, can
     A COPY FROM returns its CopyIn (holding the statements after it) instead: the caller collects
     the client's data before going on."""
     single = single_statement(sql)
-    statements = [single] if single is not None else session.split_statements(sql)
+    statements = [single] if single is not None else await session.split_statements_off_loop(sql)
     if not statements:
         out += messages.empty_query_response()
         return None

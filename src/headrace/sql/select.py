@@ -10,7 +10,7 @@ from sqlglot import exp
 
 from headrace.catalog.items import DEFAULT_DATABASE, DEFAULT_SCHEMA
 from headrace.catalog.system.definitions import SCHEMA_IN_STORE, SYSTEM_DATABASE, find_system_relation
-from headrace.errors import FeatureNotSupported, UndefinedObject
+from headrace.errors import FeatureNotSupported, HeadraceError, UndefinedObject
 from headrace.sql.functions import SERVER_VERSION_TEXT, FunctionTranslator, unqualify_functions
 from headrace.pgwire.types import array_oid_of
 from headrace.sql.types import DUCKDB_TYPE_BY_OID, OID_BY_TYPE_NAME, TEXT_OID
@@ -29,6 +29,23 @@ PG_TYPE_NAMES = {
 }
 
 RelationResolver = Callable[[str, str], bool]  # (schema, name) -> does a relation of that name exist
+
+# PostgreSQL's MaxTupleAttributeNumber (54011 beyond it) and the most parameters a Bind can carry (int16 count).
+MAX_TARGET_LIST_ENTRIES = 1664
+MAX_PARAMETER_NUMBER = 65535
+
+# DuckDB functions that PostgreSQL does not have and that reach files, the network, settings, secrets or other SQL
+# text: refused by name, as PostgreSQL refuses an unknown function (42883). The store is also locked down
+# (store/serving.locked_down_config), so a name missing here still cannot read a file.
+STORE_ONLY_FUNCTIONS = frozenset({
+    "glob", "sniff_csv", "query", "query_table", "getvariable", "getenv", "checkpoint", "force_checkpoint",
+    "which_secret", "arrow_scan", "arrow_scan_dumb", "pandas_scan", "python_map_function", "seq_scan",
+    "summary", "test_all_types", "test_vector_types", "enable_logging", "disable_logging", "truncate_duckdb_logs",
+    "json_execute_serialized_sql", "load_aws_credentials", "iceberg_scan", "delta_scan", "sqlite_scan",
+    "postgres_scan", "postgres_query", "mysql_query", "read_xlsx", "icu_calendar_names", "repeat_row",
+})
+STORE_ONLY_FUNCTION_PREFIXES = ("read_", "parquet_", "pragma_", "duckdb_", "sqlite_", "postgres_", "mysql_",
+                                "iceberg_", "delta_", "json_execute")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +71,8 @@ def is_query(ast: exp.Expr) -> bool:
 def plan_select(ast: exp.Expr, relation_exists: RelationResolver, declared_param_types: Sequence[int] = ()) -> SelectPlan:
     ast = ast.copy()
     unqualify_functions(ast)
+    refuse_store_only_functions(ast)
+    _check_target_lists(ast)
     reads_system_catalog = _resolve_relations(ast, relation_exists)
     names = _output_names(ast)
     param_types = _param_types(ast, declared_param_types)
@@ -65,6 +84,40 @@ def plan_select(ast: exp.Expr, relation_exists: RelationResolver, declared_param
     return SelectPlan(duckdb_sql=ast.sql(dialect="duckdb"), column_names=tuple(names), param_types=param_types,
                       session_inputs=tuple(translator.session_inputs), reads_system_catalog=reads_system_catalog,
                       param_probe=_parameter_probe(ast, untyped) if untyped and not translator.session_inputs else None)
+
+
+def _check_target_lists(ast: exp.Expr) -> None:
+    for select in ast.find_all(exp.Select):
+        if len(select.expressions) > MAX_TARGET_LIST_ENTRIES:
+            raise HeadraceError(f"target lists can have at most {MAX_TARGET_LIST_ENTRIES} entries", sqlstate="54011")
+
+
+def refuse_store_only_functions(ast: exp.Expr) -> None:
+    """42883 for a call of one of DuckDB's own file, settings or SQL-text functions (STORE_ONLY_FUNCTIONS), with
+    PostgreSQL's message and hint for a function that does not exist."""
+    for function in ast.find_all(exp.Func):
+        name = (function.name if isinstance(function, exp.Anonymous) else function.sql_name()).lower()
+        if name in STORE_ONLY_FUNCTIONS or name.startswith(STORE_ONLY_FUNCTION_PREFIXES):
+            arguments = list(function.expressions)
+            if not isinstance(function, exp.Anonymous) and isinstance(function.this, exp.Expr):
+                arguments.insert(0, function.this)  # sqlglot's ReadCSV, ReadParquet: the first argument apart
+            shown = ", ".join(_argument_type_name(argument) for argument in arguments)
+            raise HeadraceError(f"function {name}({shown}) does not exist", sqlstate="42883",
+                                hint="No function matches the given name and argument types. You might need to "
+                                     "add explicit type casts.")
+
+
+def _argument_type_name(argument: exp.Expr) -> str:
+    """The type PostgreSQL names for an argument in "function f(...) does not exist", for literals and casts."""
+    if isinstance(argument, exp.Literal):
+        if argument.is_string:
+            return "unknown"
+        return "integer" if argument.name.lstrip("-").isdigit() else "numeric"
+    if isinstance(argument, exp.Boolean):
+        return "boolean"
+    if isinstance(argument, exp.Cast):
+        return PG_TYPE_NAMES.get(argument.to.this, argument.to.sql(dialect="postgres").lower())
+    return "unknown"
 
 
 def _untyped_parameters(ast: exp.Expr, param_types: Sequence[int], declared: Sequence[int]) -> set[int]:
@@ -222,6 +275,8 @@ def _param_types(ast: exp.Expr, declared: Sequence[int]) -> tuple[int, ...]:
         number = _parameter_number(node)
         if number is None:
             continue
+        if not 1 <= number <= MAX_PARAMETER_NUMBER:
+            raise HeadraceError(f"there is no parameter ${number}", sqlstate="42P02")
         parent = node.parent
         oid = TEXT_OID
         if isinstance(parent, exp.Cast):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -13,6 +14,7 @@ import duckdb
 from headrace.coordinator.responses import Column
 from headrace.errors import DataError, HeadraceError, UndefinedColumn, UndefinedObject
 from headrace.pgwire import types as pg
+from headrace.sql.limits import StackDepthExceeded
 from headrace.sql.select import SelectPlan, parameter_types_from_probe
 from headrace.sql.types import oid_of_duckdb_type
 from headrace.store.jsonb import jsonb_text
@@ -146,14 +148,27 @@ def _columns(plan: SelectPlan, names: Sequence[str], types: Sequence[str]) -> tu
     return tuple(Column(name, oid_of_duckdb_type(type_name)) for name, type_name in zip(names, types))
 
 
+_MISSING_FUNCTION = re.compile(r"(?:Scalar|Table|Aggregate|Pragma|Macro|Table Macro) Function with name (\S+) does not exist")
+
+
 def translate_error(exc: duckdb.Error) -> HeadraceError:
     """DuckDB's errors in PostgreSQL's terms; the message loses DuckDB's class prefix."""
     message = str(exc).split("\n")[0]
     for prefix in ("Binder Error: ", "Catalog Error: ", "Conversion Error: ", "Invalid Input Error: ",
                    "Parser Error: ", "Out of Range Error: ", "Not implemented Error: "):
         message = message.removeprefix(prefix)
+    if isinstance(exc, duckdb.PermissionException):
+        # The store's lockdown (store/serving.locked_down_config) refused a file, extension or setting.
+        return HeadraceError("permission denied: the serving store reads no files", sqlstate="42501")
     if isinstance(exc, duckdb.CatalogException):
+        missing = _MISSING_FUNCTION.match(message)
+        if missing is not None:  # a function neither PostgreSQL's nor translated: PostgreSQL's words for it
+            return HeadraceError(f"function {missing.group(1)} does not exist", sqlstate="42883",
+                                 hint="No function matches the given name and argument types. You might need to "
+                                      "add explicit type casts.")
         return UndefinedObject(message)
+    if isinstance(exc, duckdb.ParserException) and message.startswith("Max expression depth limit"):
+        return StackDepthExceeded()
     if isinstance(exc, duckdb.BinderException):
         if "not found" in message and "olumn" in message:
             return UndefinedColumn(message)

@@ -107,12 +107,30 @@ def default_threads() -> int:
     return max(1, (os.cpu_count() or 2) - 1)
 
 
+def locked_down_config(threads: int) -> dict[str, Any]:
+    """DuckDB settings of the serving store: no file outside the database (and its own `.tmp/` spill directory)
+    can be read or written, no extension installed or loaded, and no setting changed afterwards. SQL reaches the
+    store only through translated SELECTs (sql/select.py refuses DuckDB's file functions by name as well); this
+    is the engine's own guarantee should a translation ever let one through: read_text / read_csv / read_json /
+    read_blob / read_parquet / glob, COPY ... TO a file, ATTACH of a file, INSTALL / LOAD and SET all fail here.
+    Nothing in the store needs external access: materializations hand it Arrow tables (`register`)."""
+    return {
+        "threads": threads,
+        "enable_external_access": False,
+        "autoinstall_known_extensions": False,
+        "autoload_known_extensions": False,
+        # PostgreSQL's integer division (int / int truncates); set here since the configuration is locked.
+        "integer_division": True,
+        "lock_configuration": True,
+    }
+
+
 class ServingStore:
     """Owns the DuckDB database. Thread-safe: each thread or unit of work takes its own `cursor()`."""
 
     def __init__(self, path: Path, threads: int | None = None) -> None:
         self.path = path
-        self._connection = duckdb.connect(str(path), config={"threads": threads or default_threads()})
+        self._connection = duckdb.connect(str(path), config=locked_down_config(threads or default_threads()))
         self._lock = threading.Lock()  # guards cursor creation and DDL on the shared root connection
         self._clock_lock = threading.Lock()
         self._connection.execute(f"CREATE SCHEMA IF NOT EXISTS {INTERNAL_SCHEMA}")

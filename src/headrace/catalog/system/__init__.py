@@ -118,8 +118,10 @@ class SystemCatalog:
         attached = {row[0] for row in cursor.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
         if SYSTEM_DATABASE not in attached:
             cursor.execute(f"ATTACH ':memory:' AS {SYSTEM_DATABASE}")
-        # PostgreSQL's integer division: int / int truncates (DuckDB's default is a double).
-        cursor.execute("SET GLOBAL integer_division = true")
+        # PostgreSQL's integer division: int / int truncates (DuckDB's default is a double). The serving store sets it
+        # when it opens, then locks its configuration (store/serving.locked_down_config): only set it if not yet so.
+        if not cursor.execute("SELECT current_setting('integer_division')").fetchone()[0]:  # type: ignore[index]
+            cursor.execute("SET GLOBAL integer_division = true")
         for schema in ("catalog_pg", "catalog_info"):
             cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {SYSTEM_DATABASE}.{schema}")
         for relation in system_relations().values():

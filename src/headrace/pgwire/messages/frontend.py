@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from headrace.errors import ProtocolViolation
+from headrace.errors import HeadraceError, ProtocolViolation
 
 PROTOCOL_3_0 = 196608  # major 3 << 16 | minor 0
 SSL_REQUEST_CODE = 80877103
@@ -23,6 +23,16 @@ CANCEL_REQUEST_CODE = 80877102
 MAX_STARTUP_PACKET_LENGTH = 10_000
 SMALL_MESSAGE_LIMIT = 10_000
 LARGE_MESSAGE_LIMIT = (1 << 30) - 1
+# Before authentication completes only a password / SASL response is expected: PostgreSQL reads it with
+# PG_MAX_AUTH_TOKEN_LENGTH (auth.c), everything else with the small limit; a client that has not proven who it is
+# cannot make the server buffer more than that.
+MAX_AUTH_TOKEN_LENGTH = 65_535
+
+
+class MessageTooLong(HeadraceError):
+    """A message longer than the server's --max-message-bytes (within PostgreSQL's own 1 GB limit)."""
+
+    sqlstate = "54000"  # program_limit_exceeded
 
 
 # --- frontend messages -------------------------------------------------------------------------
@@ -478,6 +488,13 @@ class FrontendDecoder:
         self._buffer = bytearray()
         self._offset = 0  # start of the first unconsumed byte; consumed bytes are dropped lazily
         self._startup_phase = True
+        # Until `authenticated`: every typed message is capped at the pre-authentication limits.
+        self._max_message_bytes: int | None = None
+
+    def authenticated(self, max_message_bytes: int) -> None:
+        """Authentication completed: from now on messages may be as long as PostgreSQL allows each type, but no
+        longer than `max_message_bytes` (the length field included, as PostgreSQL counts)."""
+        self._max_message_bytes = max_message_bytes
 
     def push(self, data: bytes) -> None:
         if self._offset:
@@ -515,8 +532,14 @@ class FrontendDecoder:
         if entry is None:
             raise ProtocolViolation(f"invalid frontend message type {type_byte[0]}")
         max_length, decode = entry
+        cap = self._max_message_bytes
+        if cap is None:  # before authentication
+            max_length = MAX_AUTH_TOKEN_LENGTH if type_byte == b"p" else min(max_length, SMALL_MESSAGE_LIMIT)
         if not 4 <= length <= max_length:
-            raise ProtocolViolation(f"invalid message length {length} for message type {type_byte[0]}")
+            raise ProtocolViolation("invalid message length")
+        if cap is not None and length > cap:
+            raise MessageTooLong(f"message of {length} bytes exceeds the server's limit of {cap} bytes",
+                                 hint="the server's --max-message-bytes sets the limit")
         if available < length + 1:
             return None
         body = bytes(buffer[start + 5:start + length + 1])

@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.bootstrapped
 
-.PHONY: up test bench clean
+.PHONY: up test bench clean compat
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	./scripts/bootstrap.sh
@@ -15,6 +15,11 @@ up: $(STAMP)
 # would delete the data directories of another checkout's run on the same machine.
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp
+
+# The differential harness against PostgreSQL 15 (docs/compat.md): its 33 regression files and headrace's own view
+# cases, a per-file table and the overall score; the report goes to .compat-cache/report.json. About 10 minutes.
+compat: $(STAMP)
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/python -m tests.compat $(COMPAT_ARGS)
 
 bench: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)

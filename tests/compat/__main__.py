@@ -13,6 +13,7 @@ from tests.compat.corpus import CACHE, FILES, installed_version, regress_dir
 from tests.compat.regress import DEFAULT_TIMEOUT_S, FileScore, run_file, setup
 from tests.compat.report import table, totals, write_report
 from tests.compat.servers import running_servers
+from tests.compat.views import ViewCases, run_view_cases, view_score, view_table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     regress = regress_dir()
     with tempfile.TemporaryDirectory(prefix="compat-", dir=CACHE) as workdir:
         with running_servers(Path(workdir)) as servers:
+            view_cases = None
+            if not args.no_views:
+                view_cases = ViewCases(servers)
+                view_cases.prepare()
             problems = setup(servers, regress) if names else []
             if names:
                 print(f"set-up: {len(problems)} statements of test_setup.sql headrace could not run as is", flush=True)
@@ -38,13 +43,11 @@ def main(argv: list[str] | None = None) -> int:
                 s = scores[-1]
                 print(f"  {name}: {s.counts['same']}/{s.pg_ok} ({s.seconds:.0f} s)", flush=True)
             view_results: list[dict[str, object]] = []
-            if not args.no_views:
-                from tests.compat.views import run_view_cases
-                view_results = run_view_cases(servers)
+            if view_cases is not None:
+                view_results = run_view_cases(view_cases)
     print(table(scores))
     view_same, view_checks = 0, 0
     if view_results:
-        from tests.compat.views import view_score, view_table
         print(view_table(view_results))
         view_same, view_checks = view_score(view_results)
     below = _below_baseline(scores, view_same, view_checks)

@@ -24,6 +24,7 @@ DEFAULT_TIMEOUT_S = 30.0
 _WARM_UP_TIMEOUT_S = 180.0  # the first read of a table waits for Spark's start and first micro-batch
 _SQL_SHOWN = 400
 _CREATED_TABLE = re.compile(r"^CREATE TABLE\s+(\w+)", re.IGNORECASE)
+_SETUP_TARGET = re.compile(r"^(?:CREATE TABLE|INSERT INTO|COPY|VACUUM(?: ANALYZE)?)\s+(\w+)", re.IGNORECASE)
 _NAME_TYPE = re.compile(r"\bname\b(?=\s*[,)])", re.IGNORECASE)
 
 
@@ -116,8 +117,10 @@ def run_file(name: str, servers: Servers, regress: Path, timeout: float = DEFAUL
     return run_statements(name, statements, servers, regress, timeout)
 
 
-def setup(servers: Servers, regress: Path, timeout: float = 60.0) -> list[dict[str, Any]]:
-    """Run test_setup.sql on both servers; return what headrace could not set up (and how it was helped)."""
+def setup(servers: Servers, regress: Path, timeout: float = 60.0,
+          tables: frozenset[str] | None = None) -> list[dict[str, Any]]:
+    """Run test_setup.sql on both servers (only the statements on `tables`, lower case, if given); return what
+    headrace could not set up (and how it was helped)."""
     problems: list[dict[str, Any]] = []
     created: list[str] = []
     pg = Session(servers.postgres_dsn, SESSION_SETTINGS)
@@ -127,7 +130,7 @@ def setup(servers: Servers, regress: Path, timeout: float = 60.0) -> list[dict[s
             if outcome.status != "ok":
                 problems.append({"sql": sql, "headrace": f"{outcome.sqlstate} {outcome.message}", "session": True})
         for statement in split((regress / "sql" / "test_setup.sql").read_text()):
-            if statement.kind is Kind.SKIPPED:
+            if statement.kind is Kind.SKIPPED or (tables is not None and _target(statement.sql) not in tables):
                 continue
             data = _copy_bytes(statement, regress)
             pg_outcome = pg.run(statement.sql, timeout, data)
@@ -151,6 +154,12 @@ def setup(servers: Servers, regress: Path, timeout: float = 60.0) -> list[dict[s
         pg.close()
         hr.close()
     return problems
+
+
+def _target(sql: str) -> str:
+    """The relation a set-up statement writes (CREATE TABLE, INSERT INTO, COPY, VACUUM), lower case, or ''."""
+    match = _SETUP_TARGET.match(sql)
+    return match.group(1).lower() if match else ""
 
 
 def _warm_up(pg: Session, hr: Session, tables: list[str]) -> list[dict[str, Any]]:

@@ -42,10 +42,12 @@ class Session:
         self.setup = setup  # statements run at each (re)connect, e.g. SET TimeZone
         self.setup_outcomes: list[tuple[str, Outcome]] = []
         self.reconnects = 0
+        self._closed = True
         self._conn = self._connect()
 
     def _connect(self) -> pq.PGconn:
         conn = pq.PGconn.connect(self.conninfo.encode())
+        self._closed = False
         if conn.status != pq.ConnStatus.OK:
             message = _decode(conn.error_message)
             conn.finish()
@@ -60,7 +62,8 @@ class Session:
         self._connect()
 
     def close(self) -> None:
-        if self._conn.status != pq.ConnStatus.BAD:
+        if not self._closed:
+            self._closed = True
             self._conn.finish()
 
     def run(self, sql: str, timeout: float, copy_data: bytes | None = None) -> Outcome:

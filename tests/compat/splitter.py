@@ -1,11 +1,13 @@
 """Split a psql script into the statements psql would send, as psql's lexer does (psqlscan.l, simplified).
 
-A statement ends at a `;` outside quotes, comments and parentheses. Quoting: '...' (E'...' with backslash escapes),
+A statement ends at a `;` outside quotes, comments, parentheses and the BEGIN ... END body of a CREATE [OR REPLACE]
+FUNCTION | PROCEDURE (psql's heuristic: BEGIN and, inside it, CASE open; END closes). Quoting: '...' (E'...' with backslash escapes),
 "...", $tag$...$tag$; comments `--` and nested `/* */` are dropped. A backslash outside quotes starts a psql
 meta-command running to the end of the line: `\\g` sends the buffer; `\\gset`, `\\gexec`, `\\gdesc`, `\\gx`,
 `\\crosstabview` end the buffer as a statement the harness does not run (kind SKIPPED); other meta-commands are
 recorded as skipped and leave the buffer alone. `COPY ... FROM stdin;` takes the lines up to `\\.` as its data.
-`\\set NAME :abs_srcdir '/data/x'` followed by `COPY t FROM :'NAME'` becomes a COPY FROM STDIN of that data file."""
+`\\set NAME :abs_srcdir '/data/x'` followed by `COPY t FROM :'NAME'` becomes a COPY FROM STDIN of that data file; another
+`\\set NAME 'value'` defines a variable whose `:NAME` is replaced by its value, which is lexed in turn (its `;` split)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,13 @@ _DOLLAR_TAG = re.compile(r"\$([A-Za-z_\x80-\uffff][A-Za-z_0-9\x80-\uffff]*)?\$")
 _COPY_FROM_STDIN = re.compile(r"^\s*copy\b.*\bfrom\s+stdin\b", re.IGNORECASE | re.DOTALL)
 _COPY_FROM_VARIABLE = re.compile(r"^(\s*copy\b.*\bfrom\s+):'([A-Za-z_]+)'(.*)$", re.IGNORECASE | re.DOTALL)
 _SET_DATA_FILE = re.compile(r"^set\s+([A-Za-z_]+)\s+:abs_srcdir\s+'(/data/[^']+)'\s*$")
+_STANDARD_STRINGS = re.compile(
+    r"^\s*(?:(reset)|set\s+(?:session\s+)?)\s*standard_conforming_strings\b(?:\s*(?:=|to)\s*'?(\w+))?", re.I)
+_SET_VARIABLE = re.compile(r"^set\s+([A-Za-z_][A-Za-z_0-9]*)\s+(.*)$", re.DOTALL)
+_VARIABLE_VALUE_PART = re.compile(r"'((?:[^']|'')*)'|(\S+)")
+_IDENTIFIER = re.compile(r"[A-Za-z_\x80-\uffff][A-Za-z_0-9$\x80-\uffff]*")
+_ROUTINE_HEADS = (("create", "function"), ("create", "procedure"), ("create", "or", "replace", "function"),
+                  ("create", "or", "replace", "procedure"))
 
 
 class Kind(enum.Enum):
@@ -74,8 +83,12 @@ def has_top_level_order_by(sql: str) -> bool:
 
 def split(script: str) -> list[Statement]:
     statements: list[Statement] = []
-    variables: dict[str, str] = {}
+    variables: dict[str, str] = {}  # data files, for COPY FROM :'name'
+    values: dict[str, str] = {}  # other psql variables, interpolated as :name
     buffer: list[str] = []
+    words: list[str] = []  # the statement's first identifiers, to recognize CREATE FUNCTION
+    standard_strings = True  # psql follows standard_conforming_strings: off makes '...' take backslash escapes
+    begin_depth = 0
     start_line = 0
     depth = 0
     i = 0
@@ -83,10 +96,15 @@ def split(script: str) -> list[Statement]:
     n = len(script)
 
     def emit(kind: Kind = Kind.SQL, reason: str = "") -> None:
-        nonlocal buffer, depth
+        nonlocal buffer, depth, words, begin_depth, standard_strings
         sql = "".join(buffer).strip()
+        setting = _STANDARD_STRINGS.match(sql)
+        if setting:
+            standard_strings = bool(setting.group(1)) or (setting.group(2) or "on").lower() in ("on", "true", "1")
         buffer = []
         depth = 0
+        words = []
+        begin_depth = 0
         if sql:
             statements.append(Statement(start_line, sql, kind, reason))
 
@@ -120,7 +138,8 @@ def split(script: str) -> list[Statement]:
             i = j
             continue
         if char == "'":
-            escaped = i > 0 and script[i - 1] in "eE" and (i < 2 or not _is_identifier_char(script[i - 2]))
+            escaped = not standard_strings or (
+                i > 0 and script[i - 1] in "eE" and (i < 2 or not _is_identifier_char(script[i - 2])))
             j = i + 1
             while j < n:
                 if escaped and script[j] == "\\":
@@ -155,6 +174,27 @@ def split(script: str) -> list[Statement]:
                 take(script[i:end])
                 i = end
                 continue
+        if char == ":" and not script.startswith("::", i) and (i == 0 or script[i - 1] != ":"):
+            name = _IDENTIFIER.match(script, i + 1)
+            if name and name.group(0) in values:
+                # psql lexes a variable's value in place (its semicolons end statements)
+                script = script[:i] + values[name.group(0)].replace("\n", " ") + script[name.end():]
+                n = len(script)
+                continue
+        if (char.isalpha() or char == "_") and (i == 0 or not _is_identifier_char(script[i - 1])):
+            word = _IDENTIFIER.match(script, i)
+            if word:
+                text = word.group(0).lower()
+                if len(words) < 4:
+                    words.append(text)
+                if depth == 0 and any(tuple(words[:len(head)]) == head for head in _ROUTINE_HEADS):
+                    if text == "begin" or (text == "case" and begin_depth > 0):
+                        begin_depth += 1
+                    elif text == "end" and begin_depth > 0:
+                        begin_depth -= 1
+                take(word.group(0))
+                i = word.end()
+                continue
         if char == "(":
             depth += 1
         elif char == ")":
@@ -170,12 +210,17 @@ def split(script: str) -> list[Statement]:
                 emit()
             else:
                 data_file = _SET_DATA_FILE.match(command)
+                variable = _SET_VARIABLE.match(command)
                 if data_file:
                     variables[data_file.group(1)] = data_file.group(2).lstrip("/")
+                elif variable:
+                    values[variable.group(1)] = "".join(
+                        quoted.replace("''", "'") if bare is None else bare
+                        for quoted, bare in (m.groups() for m in _VARIABLE_VALUE_PART.finditer(variable.group(2))))
                 statements.append(Statement(line, "\\" + command, Kind.SKIPPED, "psql meta-command"))
             i = end
             continue
-        elif char == ";" and depth == 0:
+        elif char == ";" and depth == 0 and begin_depth == 0:
             buffer.append(";")
             statement_line = start_line
             emit()

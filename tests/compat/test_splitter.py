@@ -78,3 +78,29 @@ def test_comparison_verdicts() -> None:
     assert compare(failed, Outcome("error", sqlstate="22012"), ordered=False).verdict == ERROR_SAME
     assert compare(failed, rows, ordered=False).verdict == ERROR_DIFFERS
     assert compare(Outcome("ok", tag="INSERT 0 1"), Outcome("ok", tag="INSERT 0 2"), ordered=False).verdict == DIFFERS
+
+
+def test_begin_atomic_bodies_keep_their_semicolons() -> None:
+    script = """CREATE FUNCTION f(x int) RETURNS int LANGUAGE SQL
+BEGIN ATOMIC
+  SELECT CASE WHEN x > 0 THEN 1 ELSE 0 END;
+  SELECT 2;
+END;
+BEGIN;
+SELECT 3;
+"""
+    assert sql_of(script) == [
+        "CREATE FUNCTION f(x int) RETURNS int LANGUAGE SQL\nBEGIN ATOMIC\n  SELECT CASE WHEN x > 0 THEN 1 ELSE 0 END;\n"
+        "  SELECT 2;\nEND;", "BEGIN;", "SELECT 3;"]
+
+
+def test_psql_variables_are_interpolated_and_lexed() -> None:
+    script = "\\set init 'truncate t; insert into t VALUES (''a'', 1)'\n:init;\nSELECT 1::int, ':init';\n"
+    assert sql_of(script) == ["truncate t;", "insert into t VALUES ('a', 1);", "SELECT 1::int, ':init';"]
+
+
+def test_backslash_escapes_follow_standard_conforming_strings() -> None:
+    script = "set standard_conforming_strings = off;\nselect 'ab\\\\\\'cd;';\nRESET standard_conforming_strings;\n" \
+             "select 'a\\';\n"
+    assert sql_of(script) == ["set standard_conforming_strings = off;", "select 'ab\\\\\\'cd;';",
+                              "RESET standard_conforming_strings;", "select 'a\\';"]

@@ -35,6 +35,6 @@ def regressions(name: str, same: int, pg_ok: int, baseline: dict[str, dict[str, 
     if recorded is None:
         return f"{name}: no baseline recorded (python -m tests.compat --update-baseline)"
     score = same / pg_ok if pg_ok else 1.0
-    if score + 1e-9 < recorded["score"]:
+    if same * recorded["pg_ok"] < recorded["same"] * pg_ok:  # same/pg_ok < recorded same/pg_ok, exactly
         return f"{name}: {same}/{pg_ok} = {score:.4f} < baseline {recorded['same']}/{recorded['pg_ok']} = {recorded['score']}"
     return None

@@ -12,7 +12,7 @@ from tests.compat import baseline
 from tests.compat.corpus import CACHE, FILES, installed_version, regress_dir
 from tests.compat.regress import DEFAULT_TIMEOUT_S, FileScore, run_file, setup
 from tests.compat.report import table, totals, write_report
-from tests.compat.servers import running_servers
+from tests.compat.servers import DEFAULT_SETTINGS, SESSION_SETTINGS, running_servers
 from tests.compat.views import ViewCases, run_view_cases, view_score, view_table
 
 
@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per-statement timeout, seconds")
     parser.add_argument("--report", type=Path, default=CACHE / "report.json")
     parser.add_argument("--no-views", action="store_true", help="skip headrace's own view cases")
+    parser.add_argument("--settings", choices=("regress", "default"), default="regress",
+                        help="session settings: pg_regress's (DateStyle 'Postgres, MDY', PST8PDT, ...) or the servers' "
+                             "defaults with TimeZone UTC (to tell how much of a score is DateStyle)")
     parser.add_argument("--update-baseline", action="store_true",
                         help="record this run's scores in tests/compat/baseline.json (the ratchet's floor)")
     args = parser.parse_args(argv)
@@ -29,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     regress = regress_dir()
     with tempfile.TemporaryDirectory(prefix="compat-", dir=CACHE) as workdir:
-        with running_servers(Path(workdir)) as servers:
+        settings = SESSION_SETTINGS if args.settings == "regress" else DEFAULT_SETTINGS
+        with running_servers(Path(workdir), settings) as servers:
             view_cases = None
             if not args.no_views:
                 view_cases = ViewCases(servers)
@@ -52,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         view_same, view_checks = view_score(view_results)
     below = _below_baseline(scores, view_same, view_checks)
     print("\n".join(["below tests/compat/baseline.json:", *below]) if below else "no score below the baseline")
-    if args.update_baseline:
+    if args.update_baseline and args.settings == "regress":
         baseline.record(scores, view_same, view_checks)
         print(f"baseline recorded: {baseline.BASELINE}")
     write_report(args.report, scores, problems, {"postgresql": installed_version(), "seconds": round(

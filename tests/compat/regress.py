@@ -1,6 +1,6 @@
 """Run PostgreSQL's regression files on both servers, statement by statement, and score headrace.
 
-Per file, one session per server (settings of `servers.SESSION_SETTINGS`); each statement runs on PostgreSQL, then on
+Per file, one session per server (`Servers.settings`: pg_regress's by default); each statement runs on PostgreSQL, then on
 headrace, with a deadline, and the outcomes are compared (`compare.py`). Before the files, `test_setup.sql` (the tables
 onek, tenk1, int4_tbl, ... most files read) runs on both; where headrace refuses a CREATE TABLE only for the column
 type `name`, it is created with `text` instead (same text output), and the report lists this and every other set-up
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.compat.compare import DIFFERS, ERROR_DIFFERS, ERROR_SAME, HR_ERROR, HR_TIMEOUT, SAME, Verdict, compare
-from tests.compat.servers import SESSION_SETTINGS, Servers
+from tests.compat.servers import Servers
 from tests.compat.session import Outcome, Session
 from tests.compat.splitter import Kind, Statement, has_top_level_order_by, split
 
@@ -86,8 +86,8 @@ def run_statements(name: str, statements: list[Statement], servers: Servers, reg
                    timeout: float = DEFAULT_TIMEOUT_S) -> FileScore:
     score = FileScore(name)
     started = time.monotonic()
-    pg = Session(servers.postgres_dsn, SESSION_SETTINGS)
-    hr = Session(servers.headrace_dsn, SESSION_SETTINGS)
+    pg = Session(servers.postgres_dsn, servers.settings)
+    hr = Session(servers.headrace_dsn, servers.settings)
     try:
         for statement in statements:
             if statement.kind is Kind.SKIPPED:
@@ -123,8 +123,8 @@ def setup(servers: Servers, regress: Path, timeout: float = 60.0,
     headrace could not set up (and how it was helped)."""
     problems: list[dict[str, Any]] = []
     created: list[str] = []
-    pg = Session(servers.postgres_dsn, SESSION_SETTINGS)
-    hr = Session(servers.headrace_dsn, SESSION_SETTINGS)
+    pg = Session(servers.postgres_dsn, servers.settings)
+    hr = Session(servers.headrace_dsn, servers.settings)
     try:
         for sql, outcome in hr.setup_outcomes:
             if outcome.status != "ok":

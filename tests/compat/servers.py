@@ -21,6 +21,8 @@ SESSION_SETTINGS = (
     "SET IntervalStyle = 'postgres'",
     "SET bytea_output = 'hex'",
 )
+# the servers' own defaults, but the same time zone on both (PostgreSQL's comes from the machine at initdb)
+DEFAULT_SETTINGS = ("SET TimeZone = 'UTC'",)
 
 
 @dataclass(frozen=True)
@@ -28,10 +30,11 @@ class Servers:
     postgres_dsn: str
     headrace_dsn: str
     headrace: HeadraceProcess
+    settings: tuple[str, ...] = SESSION_SETTINGS  # run first in every session on both servers
 
 
 @contextmanager
-def running_servers(workdir: Path) -> Iterator[Servers]:
+def running_servers(workdir: Path, settings: tuple[str, ...] = SESSION_SETTINGS) -> Iterator[Servers]:
     workdir.mkdir(parents=True, exist_ok=True)
     with PostgresCluster(workdir / "postgres", settings={"fsync": "off"}) as cluster:
         dsn = cluster.create_database(DATABASE)
@@ -39,6 +42,6 @@ def running_servers(workdir: Path) -> Iterator[Servers]:
         headrace.data_dir.parent.mkdir(parents=True, exist_ok=True)
         try:
             headrace.start(timeout=120.0)
-            yield Servers(postgres_dsn=dsn, headrace_dsn=headrace.dsn, headrace=headrace)
+            yield Servers(postgres_dsn=dsn, headrace_dsn=headrace.dsn, headrace=headrace, settings=settings)
         finally:
             headrace.stop()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.compat.compare import SAME, compare
-from tests.compat.servers import SESSION_SETTINGS, Servers
+from tests.compat.servers import Servers
 from tests.compat.session import Outcome, Session
 
 CASES_DIR = Path(__file__).with_name("cases")
@@ -81,8 +81,8 @@ def source_body(key: int, generation: int, seq: int) -> dict[str, Any]:
 class ViewCases:
     def __init__(self, servers: Servers) -> None:
         self.servers = servers
-        self.pg = Session(servers.postgres_dsn, SESSION_SETTINGS)
-        self.hr = Session(servers.headrace_dsn, SESSION_SETTINGS)
+        self.pg = Session(servers.postgres_dsn, servers.settings)
+        self.hr = Session(servers.headrace_dsn, servers.settings)
         self.results: list[dict[str, Any]] = []
         self.seq = 0
         self.timings: dict[str, float] = {}  # seconds per phase, for the report

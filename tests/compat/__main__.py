@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             problems = setup(servers, regress) if names else []
             if names:
                 print(f"set-up: {len(problems)} statements of test_setup.sql headrace could not run as is", flush=True)
-            scores = []
+            scores: list[FileScore] = []
             for name in names:
                 scores.append(run_file(name, servers, regress, args.timeout))
                 s = scores[-1]
@@ -49,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
             view_results: list[dict[str, object]] = []
             if view_cases is not None:
                 view_results = run_view_cases(view_cases)
+            process = servers.headrace.process
+            if process is not None and process.poll() is not None:
+                print(f"headrace exited during the run ({process.returncode}); its log ends:\n"
+                      f"{servers.headrace.output()[-3000:]}")
     print(table(scores))
     view_same, view_checks = 0, 0
     if view_results:

@@ -1,4 +1,4 @@
-"""The psql-style splitter and the comparison, without servers."""
+"""The psql-style splitter, the comparison and the baseline check, without servers."""
 
 from __future__ import annotations
 
@@ -104,3 +104,12 @@ def test_backslash_escapes_follow_standard_conforming_strings() -> None:
              "select 'a\\';\n"
     assert sql_of(script) == ["set standard_conforming_strings = off;", "select 'ab\\\\\\'cd;';",
                               "RESET standard_conforming_strings;", "select 'a\\';"]
+
+
+def test_baseline_regressions_compare_exact_fractions() -> None:
+    from tests.compat.baseline import regressions
+    recorded = {"int2": {"same": 20, "pg_ok": 28, "score": 0.7143}}
+    assert regressions("int2", 20, 28, recorded) is None  # equal, though 20/28 < the rounded 0.7143
+    assert regressions("int2", 21, 28, recorded) is None
+    assert regressions("int2", 19, 28, recorded) is not None
+    assert regressions("int4", 1, 1, recorded) is not None  # no baseline is a failure, not a pass

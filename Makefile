@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.bootstrapped
 
-.PHONY: up test bench fuzz chaos clean
+.PHONY: up test bench fuzz chaos compat clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	./scripts/bootstrap.sh
@@ -23,6 +23,11 @@ fuzz: $(STAMP)
 # 20 kill -9 during 5 minutes of retrying senders into a source, a view and a POSTGRES sink (tests/chaos).
 chaos: $(STAMP)
 	HEADRACE_CHAOS=1 $(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp -s tests/chaos
+
+# The differential harness against PostgreSQL 15 (docs/compat.md): its 33 regression files and headrace's own view
+# cases, a per-file table and the overall score; the report goes to .compat-cache/report.json. About 10 minutes.
+compat: $(STAMP)
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/python -m tests.compat $(COMPAT_ARGS)
 
 bench: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)

@@ -19,6 +19,9 @@ fi
 if ! command -v psql >/dev/null 2>&1 || ! command -v pgbench >/dev/null 2>&1; then
   need_apt+=(postgresql-client)  # psql, and pgbench for tests/e2e/test_pgbench.py
 fi
+if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
+  need_apt+=(postgresql-15)  # real PostgreSQL 15 servers in tests (tests/real_servers) and the compat harness
+fi
 if ! command -v redis-server >/dev/null 2>&1; then
   need_apt+=(redis-server)  # tests/materialize/drivers: the REDIS sink driver against a real server
 fi

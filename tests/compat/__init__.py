@@ -1,0 +1,1 @@
+"""Differential harness: headrace against a real PostgreSQL 15 (docs/compat.md)."""

@@ -28,6 +28,12 @@ def main(argv: list[str] | None = None) -> None:
     up.add_argument("--store-threads", type=int, default=None,
                     help="DuckDB worker threads of the serving store (default: one per core but one, which is left "
                          "to the server's event loop)")
+    host = up.add_argument_group("what sinks may do on this host (docs/sinks.md#host-access); default: nothing")
+    host.add_argument("--allow-command", action="append", dest="allow_commands", default=[], metavar="CMD",
+                      help="an exact command line superusers may run as INTO EXTERNAL (COMMAND '...') (repeatable)")
+    host.add_argument("--allow-directory", action="append", dest="allow_directories", default=[], metavar="DIR",
+                      help="a directory under which superusers may write PARQUET sinks (repeatable; never the "
+                           "data directory)")
     webhook = up.add_argument_group("webhook settings (docs/webhooks.md#settings)")
     webhook.add_argument("--webhook-max-body-bytes", type=int, default=5 << 20,
                          help="larger request bodies (after gzip/deflate decoding) get 413 (default 5 MiB)")
@@ -92,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
             run(ServerConfig(data_dir=args.data_dir, host=args.host, pg_port=args.pg_port,
                              http_port=args.http_port, spark_master=args.spark_master,
                              tls_cert=args.tls_cert, tls_key=args.tls_key, auth=args.auth,
-                             webhook=webhook_settings, store_threads=args.store_threads))
+                             webhook=webhook_settings, store_threads=args.store_threads,
+                             allow_commands=tuple(args.allow_commands),
+                             allow_directories=tuple(args.allow_directories)))
         except DataDirLocked as exc:
             print(f"headrace: {exc}", file=sys.stderr)
             sys.exit(1)

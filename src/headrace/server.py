@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headrace.catalog.catalog import Catalog
+from headrace.catalog.host_access import HostAccess
 from headrace.catalog.roles import RoleCatalog
 from headrace.coordinator.client import AdapterClient
 from headrace.coordinator.coordinator import Coordinator
@@ -49,6 +50,9 @@ class ServerConfig:
     auth: str = "loopback=trust,all=scram-sha-256"  # pgwire authentication rules (pgwire/auth.py)
     webhook: IngestSettings = IngestSettings()  # limits, group commit, request log (docs/webhooks.md)
     store_threads: int | None = None  # DuckDB's threads; None: one per core but one (store/serving.py)
+    # What sinks may run and write on this host (catalog/host_access.py); empty: no EXTERNAL COMMAND, no PARQUET.
+    allow_commands: tuple[str, ...] = ()
+    allow_directories: tuple[str, ...] = ()
 
 
 class DataDirLocked(Exception):
@@ -133,8 +137,10 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     driver_address = driver_server.sockets[0].getsockname()[:2]
     supervisor = PipelineSupervisor(layout.root, config.spark_master, driver_address)
     roles = RoleCatalog(layout.root)
+    host_access = HostAccess.from_options(config.allow_commands, config.allow_directories, layout.root)
     coordinator = Coordinator(catalog, resources, executor, supervisor.update, roles=roles,
-                              system_tables=SystemTables(registry), on_views_changed=supervisor.update_views)
+                              system_tables=SystemTables(registry), on_views_changed=supervisor.update_views,
+                              host_access=host_access)
     # Materialized views: restore what a crash left half-made (tables, public relations), inputs first.
     await asyncio.get_running_loop().run_in_executor(executor, coordinator.views.ensure_all)
     await coordinator.tables.open_all()  # tables: store tables, public relations, logs (coordinator/tables.py)

@@ -62,7 +62,7 @@ def authorize_command(privileges: Privileges, user: str, ast: exp.Expr, sql: str
         sink = sink_from_statement("u0", ast, sql)
         if sink.driver in HOST_SINKS:
             privileges.require_superuser(
-                user, f"permission denied to create a {sink.driver.upper()} sink",
+                user, f"permission denied to create {sink.driver.upper()} sinks",
                 hint="Only superusers may create sinks that run processes or write files on the server's host.")
         privileges.require_create(user)
         privileges.require_relations(user, [(sink.relation_schema, sink.relation_name)])

@@ -8,7 +8,7 @@ as PostgreSQL records it when a superuser grants."""
 from __future__ import annotations
 
 from headrace.catalog.items import DEFAULT_DATABASE, DEFAULT_SCHEMA
-from headrace.catalog.privileges import ALL_RIGHTS, PRIVILEGE_LETTERS, Acl, grant, mentions, revoke
+from headrace.catalog.privileges import ALL_RIGHTS, PRIVILEGE_LETTERS, Acl, grant, holds, mentions, revoke
 from headrace.catalog.roles import BOOTSTRAP_SUPERUSER
 from headrace.coordinator.privileges import CatalogObject, InsufficientPrivilege, Privileges
 from headrace.coordinator.responses import CommandComplete
@@ -32,13 +32,20 @@ def execute_grant(privileges: Privileges, user: str, statement: GrantPrivileges)
     acl_kind = {"table": "relation", "all tables": "relation"}.get(kind, kind)
     letters = _letters(statement.args["privileges"], acl_kind, "table" if acl_kind == "relation" else acl_kind)
     catalog = privileges.catalog
+    notices: list[str] = []
     for target in targets:
         owner = BOOTSTRAP_SUPERUSER if target is None else catalog.owner_of(target.item_id)
-        if not privileges.is_superuser(user) and owner != user:
-            what = f"{kind} {_target_name(statement, kind)}" if target is None else f"{target.kind} {target.name}"
-            raise InsufficientPrivilege(f"permission denied for {what}")
         acl: Acl | None = catalog.schema_acl if kind == "schema" else catalog.database_acl if kind == "database" \
             else catalog.acl_of(target.item_id) if target is not None else None
+        if not privileges.is_superuser(user) and owner != user:
+            name = _target_name(statement, kind) if target is None else target.name
+            # PostgreSQL: a role holding some privilege but no grant option is warned; one holding none refused.
+            if any(holds(acl, acl_kind, owner, user, letter) for letter in ALL_RIGHTS[acl_kind]):
+                notices.append(f'no privileges could be revoked for "{name}"' if revoking
+                               else f'no privileges were granted for "{name}"')
+                continue
+            what = f"{kind} {name}" if target is None else f"{target.kind} {target.name}"
+            raise InsufficientPrivilege(f"permission denied for {what}")
         for grantee in grantees:
             change = revoke if revoking else grant
             acl = change(acl, acl_kind, owner=owner, grantee=grantee, letters=letters)
@@ -49,7 +56,7 @@ def execute_grant(privileges: Privileges, user: str, statement: GrantPrivileges)
         else:
             assert target is not None
             catalog.set_acl(target.item_id, acl)
-    return CommandComplete(verb)
+    return CommandComplete(verb, tuple(notices))
 
 
 def role_dependents(privileges: Privileges, role: str) -> list[str]:

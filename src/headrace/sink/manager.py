@@ -6,8 +6,10 @@ listener per driver, their calls on threads a little below the event loop's prio
 webhook's acknowledgement). External drivers are started or reached per sink (materialize/rpc/external.py).
 
 State per sink under `<data>/sinks/<sink id>/`: `recovery.json` (the runtime's recovery log, for drivers that are
-not remote-authoritative) and `position` (the last committed upstream timestamp, for compaction holds). A PARQUET
-sink's relative PATH lives under `<data>/sinks/` too."""
+not remote-authoritative) and `position` (the last committed upstream timestamp, for compaction holds).
+
+`access` (catalog/host_access.py) is the server's allow-lists: the PARQUET driver hosted here and every EXTERNAL
+driver started here are confined by it, whatever the catalog says."""
 
 from __future__ import annotations
 

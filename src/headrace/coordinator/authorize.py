@@ -15,7 +15,7 @@ from sqlglot import exp
 from headrace.catalog.host_access import HostAccess
 from headrace.catalog.indexes import IndexDefinition
 from headrace.catalog.sinks import SecretRef
-from headrace.coordinator.privileges import Privileges, referenced_tables
+from headrace.coordinator.privileges import InsufficientPrivilege, Privileges, referenced_tables
 from headrace.sql.ast import AlterSourceWindow, CreateConnection, CreateSecret, CreateSink, CreateWebhookSource, \
     DropObject
 from headrace.sql.ddl import qualified_name
@@ -105,8 +105,6 @@ def _require_relation_owner(privileges: Privileges, user: str, schema: str | Non
 
 
 def _not_owner(kind: str, name: str) -> Exception:
-    from headrace.coordinator.privileges import InsufficientPrivilege
-
     return InsufficientPrivilege(f"must be owner of {kind} {name}")
 
 

@@ -186,3 +186,17 @@ def test_grant_grammar_refuses_what_headrace_does_not_have() -> None:
     with pytest.raises(SyntaxError_):
         parse_statement("GRANT FLY ON t TO alice")
     assert parse_statement("GRANT SELECT ON t TO alice WITH GRANT OPTION").args["grant_option"] is True
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM read_text('/etc/hostname')", "SELECT * FROM read_blob('x')", "SELECT * FROM read_csv('x')",
+    "SELECT * FROM read_parquet('x')", "SELECT * FROM sniff_csv('x')", "SELECT * FROM query('SELECT 1')",
+    "SELECT * FROM query_table('t')", "SELECT 1 FROM (SELECT 1) AS t, LATERAL read_text('x') AS r",
+    "SELECT (SELECT count(*) FROM read_json_auto('x'))", "SELECT * FROM duckdb_tables()"])
+def test_the_stores_file_and_sql_text_functions_are_refused(sql: str) -> None:
+    from headrace.sql.select import plan_select
+
+    with pytest.raises(HeadraceError) as refused:
+        plan_select(parse_statement(sql), lambda schema, name: True)
+    assert refused.value.sqlstate == "42501"
+    plan_select(parse_statement("SELECT * FROM generate_series(1, 3) AS s(i)"), lambda schema, name: True)

@@ -119,7 +119,7 @@ def acl_from_entry(entry: list[str] | None) -> Acl | None:
 def parse_aclitem(text: str) -> AclItem:
     """`grantee=privileges/grantor`, names possibly double-quoted (the inverse of AclItem.text)."""
     grantee, rest = _take_name(text, "=")
-    privileges, grantor_text = rest.rsplit("/", 1)
+    privileges, _, grantor_text = rest.partition("/")  # letters never hold a "/"; a quoted grantor may
     grantor, _ = _take_name(grantor_text, None)
     if not set(privileges) <= set(LETTER_ORDER):
         raise ValueError(f"invalid aclitem {text!r}")

@@ -58,6 +58,7 @@ from headrace.errors import (
 )
 from headrace.sql.ast import GrantPrivileges, SavepointStatement, ShowObjects, SubscribeStatement
 from headrace.sql.table_statements import is_write, write_target
+from headrace.sql.functions import refuse_store_only_functions
 from headrace.sql.parser import parse_statement
 from headrace.sql.select import is_query, plan_select
 from headrace.sql.types import TEXT_OID
@@ -235,6 +236,7 @@ class Coordinator:
         creating = CREATING_ROLE.set(session.user)  # it owns what the statement creates (catalog/catalog.py)
         try:
             if table_ddl.handles(ast) and is_write(ast):
+                refuse_store_only_functions(ast)  # INSERT ... SELECT FROM read_text(...), ...
                 target = write_target(ast)
                 self.privileges.require_write(session.user, ast, (target.schema, target.name))
             if table_ddl.handles(ast) and not is_write(ast):
@@ -255,6 +257,7 @@ class Coordinator:
         return response
 
     async def _execute_command(self, session: Session, ast: exp.Expr, sql: str) -> ExecuteResponse:
+        refuse_store_only_functions(ast)  # a view's or a SUBSCRIBE's query
         authorize_command(self.privileges, session.user, ast, sql, self.indexes.catalog.find, self.host_access)
         if isinstance(ast, GrantPrivileges):
             return execute_grant(self.privileges, session.user, ast)

@@ -80,6 +80,13 @@ PRIVILEGE_FUNCTIONS: dict[str, tuple[str, int]] = {
     "has_database_privilege": ("database", 2),
 }
 
+# The serving store's functions that read the host's files or run SQL text (which would read relations past the
+# privilege checks, coordinator/privileges.py): refused for every role (refuse_store_only_functions).
+STORE_ONLY_FUNCTIONS = frozenset({
+    "query", "query_table", "glob", "sniff_csv", "st_read", "load_aws_credentials", "which_secret", "getenv",
+    "sql_auto_complete", "checkpoint", "force_checkpoint", "getvariable"})
+STORE_ONLY_PREFIXES = ("read_", "parquet_", "iceberg_", "delta_", "duckdb_", "pragma_", "json_execute_serialized_sql")
+
 # Set-returning functions answered by a table macro of catalog/system/macros.py (no arguments).
 TABLE_MACROS = {"pg_get_keywords": "hr_get_keywords"}
 
@@ -113,6 +120,16 @@ def macro_call(name: str, *args: exp.Expr) -> exp.Expr:
     database, schema = MACRO_SCHEMA.split(".")
     return exp.Dot.build([exp.to_identifier(database), exp.to_identifier(schema),
                           exp.Anonymous(this=name, expressions=list(args))])
+
+
+def refuse_store_only_functions(ast: exp.Expr) -> None:
+    """42501 for a call of a function headrace's SQL does not offer (STORE_ONLY_FUNCTIONS): the store's file
+    readers (read_text, read_csv, read_parquet, glob, ...) and SQL-text runners (query, query_table)."""
+    for node in ast.find_all(exp.Func):
+        name = (str(node.this) if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
+        if name in STORE_ONLY_FUNCTIONS or name.startswith(STORE_ONLY_PREFIXES):
+            raise HeadraceError(f"permission denied for function {name}", sqlstate="42501",
+                                hint="headrace does not expose the serving store's file and SQL-text functions")
 
 
 def unqualify_functions(ast: exp.Expr) -> None:

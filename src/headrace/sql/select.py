@@ -11,7 +11,7 @@ from sqlglot import exp
 from headrace.catalog.items import DEFAULT_DATABASE, DEFAULT_SCHEMA
 from headrace.catalog.system.definitions import SCHEMA_IN_STORE, SYSTEM_DATABASE, find_system_relation
 from headrace.errors import FeatureNotSupported, UndefinedObject
-from headrace.sql.functions import SERVER_VERSION_TEXT, FunctionTranslator, unqualify_functions
+from headrace.sql.functions import SERVER_VERSION_TEXT, FunctionTranslator, refuse_store_only_functions, unqualify_functions
 from headrace.pgwire.types import array_oid_of
 from headrace.sql.types import DUCKDB_TYPE_BY_OID, OID_BY_TYPE_NAME, TEXT_OID
 
@@ -55,6 +55,7 @@ def is_query(ast: exp.Expr) -> bool:
 
 def plan_select(ast: exp.Expr, relation_exists: RelationResolver, declared_param_types: Sequence[int] = ()) -> SelectPlan:
     ast = ast.copy()
+    refuse_store_only_functions(ast)  # file readers, SQL-text runners (issue 20)
     unqualify_functions(ast)
     relations: list[tuple[str, str]] = []
     reads_system_catalog = _resolve_relations(ast, relation_exists, relations)

@@ -132,6 +132,9 @@ def test_a_role_without_privileges_is_refused_each_action(alice: psycopg.Connect
             "permission denied to create EXTERNAL sinks")
     refused(alice, "CREATE SINK out FROM accounts INTO EXTERNAL (ADDRESS '127.0.0.1:1')")
     assert not list((host / "allowed").glob("a*")), "nothing was written"
+    # The store's file readers and SQL-text runners would read secrets.json or any relation: refused to everyone.
+    refused(alice, f"SELECT * FROM read_text('{host / 'data' / 'secrets.json'}')")
+    refused(alice, "SELECT * FROM query('SELECT * FROM accounts')")
 
 
 def test_the_http_sql_api_checks_the_same_privileges(server: HeadraceProcess,
@@ -180,6 +183,15 @@ def test_grants_make_each_action_work_and_revoke_takes_it_away(server: HeadraceP
         assert bob.execute("SELECT count(*) FROM hooks").fetchone() == (0,)
     admin.execute("REVOKE SELECT ON ALL TABLES IN SCHEMA public FROM PUBLIC")
     refused(alice, "SELECT * FROM hooks")
+
+    admin.execute("GRANT INSERT ON hooks TO alice")  # granted as PostgreSQL grants it; a source is still not written
+    with pytest.raises(psycopg.Error) as not_a_table:
+        alice.execute("INSERT INTO hooks (body) VALUES ('{}')")
+    assert not_a_table.value.sqlstate != "42501"
+    admin.execute("REVOKE INSERT ON hooks FROM alice")
+    for statement in (f"SELECT * FROM read_blob('{server.data_dir / 'secrets.json'}')",
+                      "SELECT * FROM query_table('accounts')"):
+        refused(admin, statement)  # superusers too: headrace does not offer them
 
     with pytest.raises(psycopg.errors.InvalidGrantOperation):
         admin.execute("GRANT USAGE ON accounts TO alice")  # PostgreSQL: invalid privilege type USAGE for table

@@ -235,14 +235,14 @@ class Coordinator:
             return _next_rows(portal, max_rows)
         creating = CREATING_ROLE.set(session.user)  # it owns what the statement creates (catalog/catalog.py)
         try:
-            if table_ddl.handles(ast) and is_write(ast):
-                refuse_store_only_functions(ast)  # INSERT ... SELECT FROM read_text(...), ...
-                target = write_target(ast)
-                self.privileges.require_write(session.user, ast, (target.schema, target.name))
-            if table_ddl.handles(ast) and not is_write(ast):
-                authorize_command(self.privileges, session.user, ast, statement.sql, self.indexes.catalog.find,
-                                  self.host_access)
             if table_ddl.handles(ast):
+                if is_write(ast):
+                    refuse_store_only_functions(ast)  # INSERT ... SELECT FROM read_text(...), ...
+                    target = write_target(ast)
+                    self.privileges.require_write(session.user, ast, (target.schema, target.name))
+                else:  # CREATE / DROP TABLE
+                    authorize_command(self.privileges, session.user, ast, statement.sql, self.indexes.catalog.find,
+                                      self.host_access)
                 response = await self.tables.execute(session, ast, statement.sql, portal.params)
             elif isinstance(ast, SESSION_STATEMENTS):
                 response = await self.session_sql.execute(session, ast, cancel)

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     up.add_argument("--store-threads", type=int, default=None,
                     help="DuckDB worker threads of the serving store (default: one per core but one, which is left "
                          "to the server's event loop)")
-    host = up.add_argument_group("what sinks may do on this host (docs/sinks.md#host-access); default: nothing")
+    host = up.add_argument_group("what sinks may do on this host (docs/settings.md); default: nothing")
     host.add_argument("--allow-command", action="append", dest="allow_commands", default=[], metavar="CMD",
                       help="an exact command line superusers may run as INTO EXTERNAL (COMMAND '...') (repeatable)")
     host.add_argument("--allow-directory", action="append", dest="allow_directories", default=[], metavar="DIR",

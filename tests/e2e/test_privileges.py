@@ -86,8 +86,11 @@ def refused(conn: psycopg.Connection[Any], statement: str, message: str | None =
         assert raised.value.diag.message_primary == message
 
 
-def test_a_role_without_privileges_is_refused_each_action(alice: psycopg.Connection[Any], host: Path) -> None:
+def test_a_role_without_privileges_is_refused_each_action(server: HeadraceProcess, alice: psycopg.Connection[Any],
+                                                          host: Path) -> None:
     assert alice.info.parameter_status("is_superuser") == "off"
+    with pytest.raises(psycopg.OperationalError, match='role "mallory" does not exist'):
+        connect(server, "mallory")  # trust lets anyone in on loopback, but only as a role that exists
     refused(alice, "SELECT * FROM accounts", "permission denied for table accounts")
     refused(alice, "SELECT * FROM accounts WHERE id = 1")  # an index lookup (fast path), simple protocol
     refused(alice, "SELECT * FROM accounts WHERE id = %s", params=[1], prepare=True)  # and extended
@@ -243,6 +246,8 @@ def test_has_privilege_functions_and_psql_dp(server: HeadraceProcess, admin: psy
             "has_schema_privilege('alice', 'public', 'USAGE'), has_database_privilege('alice', 'headrace', 'CONNECT'), "
             "has_table_privilege('headrace', 'accounts', 'DELETE'), has_table_privilege('alice', 'pg_class', 'SELECT')"
         ).fetchone() == (True, False, False, False, True, True, True, True)
+        with pytest.raises(psycopg.errors.UndefinedObject):
+            admin.execute("SELECT has_table_privilege('nobody', 'accounts', 'SELECT')")
         assert alice.execute("SELECT has_table_privilege('accounts', 'select'), "
                              "has_table_privilege('accounts', 'delete')").fetchone() == (True, False)
         acl = admin.execute("SELECT array_to_string(relacl, ',') FROM pg_class WHERE relname = 'accounts'").fetchone()

@@ -1,8 +1,8 @@
 """Who may do what: PostgreSQL's privilege checks over the catalog's owners and ACLs (catalog/privileges.py), with
 its SQLSTATEs and messages (42501 "permission denied for table t", "must be owner of table t").
 
-Superusers pass every check. A role the role catalog does not know got in through a trust rule and is trusted as
-a superuser (as coordinator/roles.py always did). Everyone else:
+Superusers pass every check. A session's role exists (coordinator/client.py refuses an unknown one, 28000, as
+PostgreSQL does, trust or not); a role dropped while its session lasts holds nothing. Everyone else:
 - reads a relation (SELECT, SUBSCRIBE, COPY TO, CREATE SINK FROM, CREATE MATERIALIZED VIEW / INDEX over it) with
   SELECT on it; a materialized view is read with the view's own privilege only (its rows are materialized by
   its owner, who needed SELECT on the inputs when creating it);
@@ -57,7 +57,7 @@ class Privileges:
     # ---- who ----------------------------------------------------------------------------------------------
     def is_superuser(self, user: str) -> bool:
         role = self.roles.find(user)
-        return role is None or role.superuser
+        return role is not None and role.superuser  # a dropped role's session keeps no privileges
 
     def require_superuser(self, user: str, message: str, hint: str | None = None) -> None:
         if not self.is_superuser(user):

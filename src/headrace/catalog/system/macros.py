@@ -52,11 +52,12 @@ MACROS: dict[str, tuple[str, str]] = {
         error('function "' || proc_text || '" does not exist'))"""),
     "hr_regproc_out": ("proc_oid", f"""CASE WHEN proc_oid = 0 THEN '-' ELSE coalesce(
         (SELECT proname FROM {PG}.pg_proc WHERE oid = proc_oid), CAST(proc_oid AS VARCHAR)) END"""),
-    # A role unknown to pg_authid got in by a trust rule and is trusted as a superuser (coordinator/privileges.py);
-    # an object headrace keeps no ACL for (a system relation) is readable by everyone, as in PostgreSQL.
+    # An unknown role: PostgreSQL's error; an object headrace keeps no ACL for (a system relation) is readable by
+    # everyone, as in PostgreSQL.
     "hr_has_privilege": ("role_arg, object_kind, object_arg, privilege_text", f"""CASE
         WHEN NOT EXISTS (SELECT 1 FROM {PG}.pg_authid WHERE rolname = CAST(role_arg AS VARCHAR)
-            OR oid = TRY_CAST(role_arg AS UINTEGER)) THEN true
+            OR oid = TRY_CAST(role_arg AS UINTEGER))
+            THEN error('role "' || CAST(role_arg AS VARCHAR) || '" does not exist')
         WHEN NOT EXISTS (SELECT 1 FROM {HELPERS}.privilege_objects o WHERE o.kind = object_kind
             AND {_OBJECT_MATCHES}) THEN true
         ELSE EXISTS (SELECT 1 FROM {HELPERS}.privileges p JOIN {HELPERS}.privilege_objects o

@@ -35,11 +35,6 @@ LETTER_ORDER = "arwdDxtXUCTc"  # PostgreSQL's ACL_ALL_RIGHTS_STR order (15: no M
 ALL_RIGHTS: dict[str, str] = {
     "relation": "arwdDxt", "schema": "UC", "database": "CTc", "secret": "U", "connection": "U",
 }
-# What PostgreSQL names each kind in "invalid privilege type X for <kind>" and "permission denied for <kind> x".
-KIND_WORDS: dict[str, str] = {
-    "relation": "relation", "schema": "schema", "database": "database", "secret": "secret",
-    "connection": "connection",
-}
 
 _NAME_NEEDS_QUOTES = re.compile(r"[^a-z0-9_]")
 

@@ -31,6 +31,7 @@ from headrace.catalog.system.definitions import (
     system_relations,
 )
 from headrace.catalog.system.macros import HELPERS, macro_statements
+from headrace.catalog.privileges import effective
 from headrace.catalog.system.privilege_rows import PrivilegeSource, acl_array, objects_of, privilege_tables
 from headrace.catalog.system.user_indexes import add_index_rows
 from headrace.catalog.system.rows import Role, TypeFacts, UserColumn, UserRelation
@@ -156,7 +157,9 @@ class SystemCatalog:
         from headrace.coordinator.session import default_variables  # session defaults for pg_settings
 
         pg_rows: dict[str, list[rows.Row]] = {
-            "pg_namespace": rows.namespace_rows(None if source is None else acl_array(source.schema_acl)),
+            # PostgreSQL 15 stores public's ACL explicitly (initdb): shown even while it is the default
+            "pg_namespace": rows.namespace_rows(acl_array(effective(None if source is None else source.schema_acl,
+                                                                    "schema", "headrace"))),
             "pg_class": rows.class_rows(relations),
             "pg_attribute": rows.attribute_rows(relations, self._type_facts),
             "pg_index": rows.index_rows(relations),

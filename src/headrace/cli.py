@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> None:
                                 "never, as PostgreSQL)")
     pg_limits.add_argument("--max-statement-bytes", type=int, default=1 << 20,
                            help="longest SQL text per request, pgwire and HTTP; longer gets 54000 (default 1 MiB)")
+    host = up.add_argument_group("what sinks may do on this host (docs/settings.md); default: nothing")
+    host.add_argument("--allow-command", action="append", dest="allow_commands", default=[], metavar="CMD",
+                      help="an exact command line superusers may run as INTO EXTERNAL (COMMAND '...') (repeatable)")
+    host.add_argument("--allow-directory", action="append", dest="allow_directories", default=[], metavar="DIR",
+                      help="a directory under which superusers may write PARQUET sinks (repeatable; never the "
+                           "data directory)")
     webhook = up.add_argument_group("webhook settings (docs/webhooks.md#settings)")
     webhook.add_argument("--webhook-max-body-bytes", type=int, default=5 << 20,
                          help="larger request bodies (after gzip/deflate decoding) get 413 (default 5 MiB)")
@@ -142,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
                              tls_cert=args.tls_cert, tls_key=args.tls_key, auth=args.auth,
                              webhook=webhook_settings, http=http_settings, store_threads=args.store_threads,
                              pg_limits=pg_limits_config, max_statement_bytes=args.max_statement_bytes,
-                             insecure=args.insecure))
+                             insecure=args.insecure, allow_commands=tuple(args.allow_commands),
+                             allow_directories=tuple(args.allow_directories)))
         except (DataDirLocked, InsecureConfiguration) as exc:
             print(f"headrace: {exc}", file=sys.stderr)
             sys.exit(1)

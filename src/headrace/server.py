@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headrace.catalog.catalog import Catalog
+from headrace.catalog.host_access import HostAccess
 from headrace.catalog.roles import RoleCatalog
 from headrace.coordinator.client import AdapterClient
 from headrace.coordinator.coordinator import Coordinator
@@ -58,6 +59,9 @@ class ServerConfig:
     pg_limits: PgLimits = PgLimits()  # pgwire message size, connection count and timeouts (pgwire/limits.py)
     max_statement_bytes: int = DEFAULT_MAX_STATEMENT_BYTES  # SQL text per statement, pgwire and HTTP (sql/limits.py)
     insecure: bool = False  # allow trust rules that reach beyond loopback on a non-loopback address
+    # What sinks may run and write on this host (catalog/host_access.py); empty: no EXTERNAL COMMAND, no PARQUET.
+    allow_commands: tuple[str, ...] = ()
+    allow_directories: tuple[str, ...] = ()
 
 
 class DataDirLocked(Exception):
@@ -165,8 +169,10 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     driver_address = driver_server.sockets[0].getsockname()[:2]
     supervisor = PipelineSupervisor(layout.root, config.spark_master, driver_address)
     roles = RoleCatalog(layout.root)
+    host_access = HostAccess.from_options(config.allow_commands, config.allow_directories, layout.root)
     coordinator = Coordinator(catalog, resources, executor, supervisor.update, roles=roles,
-                              system_tables=SystemTables(registry), on_views_changed=supervisor.update_views)
+                              system_tables=SystemTables(registry), on_views_changed=supervisor.update_views,
+                              host_access=host_access)
     # Materialized views: restore what a crash left half-made (tables, public relations), inputs first.
     await asyncio.get_running_loop().run_in_executor(executor, coordinator.views.ensure_all)
     await coordinator.tables.open_all()  # tables: store tables, public relations, logs (coordinator/tables.py)

@@ -372,7 +372,8 @@ def test_sinks_survive_kill_9_and_fence_off_zombies(tmp_path: Path,
     started = time.monotonic()
     with PostgresCluster(tmp_path / "pg") as cluster:
         pg_dsn = cluster.create_database("chaos")
-        process = HeadraceProcess(tmp_path / "data")
+        # PARQUET sinks write only inside the server's --allow-directory list (issue 20)
+        process = HeadraceProcess(tmp_path / "data", ["--allow-directory", str(tmp_path / "parquet")])
         traffic = Traffic(process.webhook_url("ev"), rng)
         targets = Targets(process, traffic, pg_dsn, parquet_dir)
         try:

@@ -26,6 +26,21 @@ pytestmark = pytest.mark.e2e
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
+JSONL_DRIVER_COMMAND = f"{sys.executable} {REPOSITORY / 'examples/drivers/jsonl/driver.py'}"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadraceProcess]:
+    """A server of this module's own: PARQUET and EXTERNAL (COMMAND) sinks need the allow-lists (issue 20). The
+    tests' directories are under pytest's base directory; the data directory too, which the server refuses."""
+    process = HeadraceProcess(Path(tmp_path_factory.mktemp("sinks-server")) / "data",
+                              ["--allow-directory", str(tmp_path_factory.getbasetemp()),
+                               "--allow-command", JSONL_DRIVER_COMMAND])
+    process.start()
+    yield process
+    process.stop()
+
+
 @pytest.fixture(scope="module")
 def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with PostgresCluster(tmp_path_factory.mktemp("sink-pg")) as cluster:
@@ -165,7 +180,7 @@ def test_http_sink_into_an_idempotent_webhook_source_counts_each_change_once(sql
 def test_external_driver_from_a_command(sql: Any, tmp_path: Path) -> None:
     sql("CREATE TABLE notes (id int PRIMARY KEY, body text)")
     sql("INSERT INTO notes VALUES (1, 'one'), (2, 'two')")
-    command = f"{sys.executable} {REPOSITORY / 'examples/drivers/jsonl/driver.py'}"
+    command = JSONL_DRIVER_COMMAND
     config = json.dumps({"directory": str(tmp_path)})
     sql(f"CREATE SINK notes_out FROM notes INTO EXTERNAL (COMMAND '{command}', CONFIG '{config}', "
         "RESOURCE 'notes')")

@@ -207,6 +207,12 @@ class AdapterClient:
         if database != DEFAULT_DATABASE:
             raise HeadraceError(f'database "{database}" does not exist', sqlstate="3D000")
         variables = default_variables(user, database, params.get("application_name", ""))
+        privileges = getattr(self._coordinator, "privileges", None)
+        if privileges is not None and privileges.roles.find(user) is None:
+            # PostgreSQL refuses an unknown role even where trust lets anyone in; never a superuser by default.
+            raise HeadraceError(f'role "{user}" does not exist', sqlstate="28000")
+        if privileges is not None and not privileges.is_superuser(user):
+            variables["is_superuser"] = "off"  # reported at startup, as PostgreSQL does (psql's prompt shows '>')
         for name, value in params.items():
             key = name.lower()
             if key in variables and key not in ("server_version", "server_version_num", "is_superuser"):

@@ -13,7 +13,8 @@ from typing import Any
 
 from sqlglot import exp
 
-from headrace.catalog.catalog import Catalog
+from headrace.catalog.catalog import CREATING_ROLE, Catalog
+from headrace.catalog.host_access import HostAccess
 from headrace.catalog.roles import RoleCatalog
 from headrace.catalog.system import SystemCatalog
 from headrace.catalog.items import WebhookSource
@@ -33,6 +34,9 @@ from headrace.coordinator.session import (
     TransactionStatus,
 )
 from headrace.coordinator.plan_cache import CursorPool, PlanCache, reusable_cursor, runs_inline
+from headrace.coordinator.authorize import authorize_command
+from headrace.coordinator.grants import execute_grant, role_dependents
+from headrace.coordinator.privileges import Privileges, referenced_tables
 from headrace.coordinator.roles import ROLE_STATEMENTS, execute_role_statement
 from headrace.coordinator.session_sql import SESSION_STATEMENTS, SessionStatements
 from headrace.coordinator.subscribe import Subscriptions
@@ -52,10 +56,11 @@ from headrace.errors import (
     QueryCanceled,
     UndefinedObject,
 )
-from headrace.sql.ast import SavepointStatement, ShowObjects, SubscribeStatement
+from headrace.sql.ast import GrantPrivileges, SavepointStatement, ShowObjects, SubscribeStatement
 from headrace.sql.limits import off_loop
-from headrace.sql.parser import parse_client_statement
-from headrace.sql.select import is_query, plan_select
+from headrace.sql.parser import parse_client_statement, parse_statement
+from headrace.sql.table_statements import is_write, write_target
+from headrace.sql.select import is_query, plan_select, refuse_store_only_functions
 from headrace.sql.types import TEXT_OID
 from headrace.store.query import describe_query, probe_parameter_types, run_query, session_parameters
 from headrace.store.system_tables import SystemRelation, SystemTables
@@ -70,10 +75,14 @@ class Coordinator:
     def __init__(self, catalog: Catalog, resources: SourceResources, executor: ThreadPoolExecutor,
                  on_sources_changed: Callable[[list[WebhookSource]], None],
                  roles: RoleCatalog | None = None, system_tables: SystemTables | None = None,
-                 on_views_changed: Callable[[list[MaterializedView]], None] | None = None) -> None:
+                 on_views_changed: Callable[[list[MaterializedView]], None] | None = None,
+                 host_access: HostAccess | None = None) -> None:
         self.catalog = catalog
         self.system_tables = system_tables  # headrace_internal.webhook_counters, ... (in-memory relations)
         self.roles = roles if roles is not None else RoleCatalog(None)  # CREATE ROLE; pg_roles reads list_roles()
+        # owners, GRANT / REVOKE, and every check (coordinator/privileges.py); what sinks may do on the host
+        self.privileges = Privileges(catalog, self.roles)
+        self.host_access = host_access if host_access is not None else HostAccess(data_dir=resources.layout.root)
         self.resources = resources
         self.executor = executor
         # The pipeline's control message carries tables beside sources (items with id and create_sql).
@@ -107,9 +116,11 @@ class Coordinator:
         self.indexes = index_ddl.IndexDdl(catalog, resources.store, executor, self.subscriptions, resources.layout.root)
         self.fast_path = FastPath(self.indexes)
         self.system_catalog.indexes = self.indexes.catalog.all  # pg_index / pg_indexes list them (psql: \d)
+        self.system_catalog.privileges = catalog  # relowner, relacl, has_*_privilege (psql: \dp)
         self.plan_cache.also_keyed_by = self.fast_path.generation
         # CREATE / DROP / SHOW CONNECTION(S) and SINK(S), each sink run by a runner thread (sink/, coordinator/sinks.py)
-        self.sink_manager = SinkManager(catalog, resources.store, resources.layout.root, self.views.plan)
+        self.sink_manager = SinkManager(catalog, resources.store, resources.layout.root, self.views.plan,
+                                        self.host_access)
         self.sinks = sink_ddl.SinkDdl(catalog, self.sink_manager, self._ddl_lock, self._relation_exists)
         self.views.sinks = self.sinks
         self.source_ddl.sinks = self.sinks
@@ -183,6 +194,8 @@ class Coordinator:
             return None  # execute() decides whether the read must be refused
         if self.tables.behind(statement.shape_sql or statement.sql):
             return None
+        if statement.plan is not None and not self.privileges.may_read(session.user, statement.plan.relations):
+            return None  # execute() raises the 42501
         return self.fast_path.answer_now(statement, params)
 
     def _static_columns(self, ast: exp.Expr) -> tuple[Column, ...] | None:
@@ -210,6 +223,10 @@ class Coordinator:
                 and not (isinstance(ast, SavepointStatement) and ast.args["action"] == "rollback_to"):
             raise HeadraceError("current transaction is aborted, commands ignored until end of transaction block",
                                 sqlstate=AbortedTransaction)
+        if statement.plan is not None:  # SELECT, COPY (query) TO, a cursor's query, an index lookup
+            self.privileges.require_relations(session.user, statement.plan.relations)
+        elif isinstance(ast, SubscribeStatement):
+            self._authorize_subscribe(session, ast)
         if statement.plan is not None or isinstance(statement, FastStatement) or isinstance(ast, SubscribeStatement):
             if session.in_block:
                 self.tables.refuse_read_of_own_writes(session, statement.sql)
@@ -224,12 +241,23 @@ class Coordinator:
             portal.columns = columns
             portal.pending_rows = rows
             return _next_rows(portal, max_rows)
-        if table_ddl.handles(ast):
-            response = await self.tables.execute(session, ast, statement.sql, portal.params)
-        elif isinstance(ast, SESSION_STATEMENTS):
-            response = await self.session_sql.execute(session, ast, cancel)
-        else:
-            response = await self._execute_command(session, ast, statement.sql)
+        creating = CREATING_ROLE.set(session.user)  # it owns what the statement creates (catalog/catalog.py)
+        try:
+            if table_ddl.handles(ast):
+                if is_write(ast):
+                    refuse_store_only_functions(ast)  # INSERT ... SELECT FROM read_text(...), ...
+                    target = write_target(ast)
+                    self.privileges.require_write(session.user, ast, (target.schema, target.name))
+                else:  # CREATE / DROP TABLE
+                    authorize_command(self.privileges, session.user, ast, statement.sql, self.indexes.catalog.find,
+                                      self.host_access)
+                response = await self.tables.execute(session, ast, statement.sql, portal.params)
+            elif isinstance(ast, SESSION_STATEMENTS):
+                response = await self.session_sql.execute(session, ast, cancel)
+            else:
+                response = await self._execute_command(session, ast, statement.sql)
+        finally:
+            CREATING_ROLE.reset(creating)
         if isinstance(response, SendingRows):
             portal.columns, portal.pending_rows = response.columns, list(response.rows)
             return _next_rows(portal, max_rows, tag_verb=response.tag_verb)
@@ -237,6 +265,10 @@ class Coordinator:
         return response
 
     async def _execute_command(self, session: Session, ast: exp.Expr, sql: str) -> ExecuteResponse:
+        refuse_store_only_functions(ast)  # a view's or a SUBSCRIBE's query
+        authorize_command(self.privileges, session.user, ast, sql, self.indexes.catalog.find, self.host_access)
+        if isinstance(ast, GrantPrivileges):
+            return execute_grant(self.privileges, session.user, ast)
         if index_ddl.handles(ast):
             return await self.indexes.execute(ast, sql)
         if is_source_ddl(ast):
@@ -250,10 +282,19 @@ class Coordinator:
                     if ast.args.get("schema") in (None, source.schema)]
             return SendingRows(self._static_columns(ast) or (), rows, tag_verb="SHOW")
         if isinstance(ast, ROLE_STATEMENTS):
-            return execute_role_statement(self.roles, session.user, ast)
+            return execute_role_statement(self.roles, session.user, ast,
+                                          lambda role: role_dependents(self.privileges, role))
         if isinstance(ast, SubscribeStatement):
             return await self.subscriptions.start(ast)
         raise FeatureNotSupported(f"{ast.key.upper()} is not supported yet")
+
+    def _authorize_subscribe(self, session: Session, ast: SubscribeStatement) -> None:
+        query = ast.args.get("query")
+        if query is None:
+            schema, name = ast.this
+            self.privileges.require_relations(session.user, [(schema or None, name)])
+        else:
+            self.privileges.require_relations(session.user, [(t.db or None, t.name) for t in referenced_tables(query)])
 
     # ---- DDL ----------------------------------------------------------------------------------
     def _sources_changed(self) -> None:

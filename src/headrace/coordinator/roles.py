@@ -3,6 +3,7 @@ what and its SQLSTATEs. Passwords are turned into SCRAM verifiers by the catalog
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from headrace.catalog.roles import RoleCatalog, RoleError
@@ -21,10 +22,12 @@ class InsufficientPrivilege(HeadraceError):
     http_status = 403
 
 
-def execute_role_statement(roles: RoleCatalog, session_user: str, statement: RoleStatement) -> CommandComplete:
+def execute_role_statement(roles: RoleCatalog, session_user: str, statement: RoleStatement,
+                           dependents: Callable[[str], list[str]] = lambda role: []) -> CommandComplete:
     """Run one role statement for `session_user`. Only superusers manage roles; anyone may change
     their own password. A user unknown to the catalog got in by a trust rule and is trusted as a
-    superuser, like the bootstrap one."""
+    superuser, like the bootstrap one. `dependents(role)`: what the role owns or was granted, in
+    PostgreSQL's words (DROP ROLE refuses while there is any, 2BP01)."""
     try:
         if isinstance(statement, CreateRole):
             _require_superuser(roles, session_user, "create role")
@@ -49,6 +52,10 @@ def execute_role_statement(roles: RoleCatalog, session_user: str, statement: Rol
             if roles.find(name) is None and statement.args.get("if_exists"):
                 notices.append(f'role "{name}" does not exist, skipping')
                 continue
+            depending = dependents(name)
+            if depending:
+                raise HeadraceError(f'role "{name}" cannot be dropped because some objects depend on it',
+                                    sqlstate="2BP01", detail="\n".join(depending))
             roles.drop(name)
         return CommandComplete("DROP ROLE", tuple(notices))
     except RoleError as exc:

@@ -225,6 +225,9 @@ class SessionStatements:
         if direction == "from":
             assert table is not None
             schema, name = table[0] or DEFAULT_SCHEMA, table[1]
+            privileges = getattr(self._runner, "privileges", None)  # INSERT on the table, before any row is sent
+            if privileges is not None:
+                privileges.require_relations(session.user, [(schema, name)], "a")
             return CopyFrom((schema, name), self.targets.copy_columns(schema, name, columns), options)
         if table is not None:
             projection = ", ".join(_quote(column) for column in columns) or "*"

@@ -5,8 +5,10 @@ echoes it): ALTER SECRET takes effect at the sink's next start. Per driver:
     POSTGRES  {"url": <connection's URL>, "document_column"?}; resource (schema, table) from TABLE, default
               ("public", <sink name>)
     REDIS     {"url": <connection's URL>, "key_prefix": KEY PREFIX, default "<sink name>:"}; resource (<sink name>,)
-    PARQUET   {"path": <parent of PATH>, "buckets"?}; resource (<last part of PATH>,): the dataset is PATH itself.
-              A relative PATH is under the data directory's `sinks/` folder.
+    PARQUET   {"path": <parent of PATH>, "buckets"?}; resource (<last part of PATH>,): the dataset is PATH itself,
+              absolute, resolved (symlinks, `..`) and inside a directory of the server's --allow-directory list
+              (catalog/host_access.py; without `access`, as outside a server, a relative PATH is under
+              `<data>/sinks/`).
     HTTP      {"url", "headers", "batch_size"?, "max_attempts"?, "timeout_seconds"?}; resource (<sink name>,)
     EXTERNAL  CONFIG's JSON object; resource (RESOURCE, default <sink name>,)
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headrace.catalog.host_access import HostAccess
 from headrace.catalog.sinks import Connection, OptionValue, SecretRef, Sink
 from headrace.errors import InvalidParameterValue, UndefinedObject
 
@@ -33,7 +36,8 @@ class Endpoint:
     resource_path: tuple[str, ...]
 
 
-def endpoint_of(sink: Sink, find_connection: ConnectionLookup, secret: SecretLookup, data_dir: Path) -> Endpoint:
+def endpoint_of(sink: Sink, find_connection: ConnectionLookup, secret: SecretLookup, data_dir: Path,
+                access: HostAccess | None = None) -> Endpoint:
     options = sink.options
 
     def value(name: str) -> Any:
@@ -51,7 +55,9 @@ def endpoint_of(sink: Sink, find_connection: ConnectionLookup, secret: SecretLoo
                         (sink.name,))
     if sink.driver == "parquet":
         path = Path(str(value("path")))
-        if not path.is_absolute():
+        if access is not None:
+            path = access.confine_directory(path)
+        elif not path.is_absolute():
             path = data_dir / "sinks" / path
         path = path.resolve()
         if not path.name:

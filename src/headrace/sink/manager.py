@@ -6,8 +6,10 @@ listener per driver, their calls on threads a little below the event loop's prio
 webhook's acknowledgement). External drivers are started or reached per sink (materialize/rpc/external.py).
 
 State per sink under `<data>/sinks/<sink id>/`: `recovery.json` (the runtime's recovery log, for drivers that are
-not remote-authoritative) and `position` (the last committed upstream timestamp, for compaction holds). A PARQUET
-sink's relative PATH lives under `<data>/sinks/` too."""
+not remote-authoritative) and `position` (the last committed upstream timestamp, for compaction holds).
+
+`access` (catalog/host_access.py) is the server's allow-lists: the PARQUET driver hosted here and every EXTERNAL
+driver started here are confined by it, whatever the catalog says."""
 
 from __future__ import annotations
 
@@ -23,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from headrace.catalog.catalog import Catalog
+from headrace.catalog.host_access import HostAccess
 from headrace.catalog.sinks import Sink
 from headrace.errors import HeadraceError
 from headrace.materialize.driver import start_driver_server
 from headrace.materialize.drivers.builtin import BUILTIN_DRIVERS, builtin_driver
+from headrace.materialize.drivers.parquet import ParquetConnector, ParquetTransactor
 from headrace.materialize.rpc.external import ExternalDriver, RemoteDriver, driver_for
 from headrace.materialize.runtime import DriverConnection, RpcDriverConnection
 from headrace.sink.changes import ChangeReader
@@ -53,8 +57,11 @@ def _lower_priority() -> None:
 
 class SinkManager:
     def __init__(self, catalog: Catalog, store: ServingStore, data_dir: Path,
-                 view_plan: Callable[[Any], Any]) -> None:
+                 view_plan: Callable[[Any], Any], access: HostAccess | None = None) -> None:
         self._catalog = catalog
+        # The server's allow-lists (headrace up --allow-command / --allow-directory): checked again by the EXTERNAL
+        # and PARQUET drivers before they touch the host. None: nothing allowed.
+        self.access = access if access is not None else HostAccess(data_dir=data_dir)
         self._store = store
         self._data_dir = data_dir
         self._view_plan = view_plan
@@ -70,9 +77,13 @@ class SinkManager:
 
     async def start(self) -> None:
         """Host the built-in drivers and start every sink in the catalog."""
+        access = self.access
         for name, driver in BUILTIN_DRIVERS.items():
-            server = await start_driver_server("127.0.0.1", 0, driver.transactor_factory, executor=self._executor,
-                                               connector=driver.connector())
+            factory, connector = driver.transactor_factory, driver.connector()
+            if name == "parquet":  # confined to the allow-list, whatever the catalog says
+                factory, connector = (lambda _open: ParquetTransactor(access)), ParquetConnector(access)
+            server = await start_driver_server("127.0.0.1", 0, factory, executor=self._executor,
+                                               connector=connector)
             self._servers[name] = server
             self._addresses[name] = server.sockets[0].getsockname()[:2]
         for sink in self._catalog.sinks():
@@ -91,7 +102,8 @@ class SinkManager:
         """Everything a runner needs, checked (unknown relation, connection, secret, column types): CREATE SINK
         calls this before it records the sink, so a bad sink is refused rather than failing in the background."""
         sink_input = self.sink_input(sink)
-        endpoint = endpoint_of(sink, self._catalog.find_connection, self._catalog.secret_value, self._data_dir)
+        endpoint = endpoint_of(sink, self._catalog.find_connection, self._catalog.secret_value, self._data_dir,
+                               self.access)
         columns = sink_input.columns(self._store)
         spec = sink_spec(sink, endpoint, sink_input, columns)
         reader = ChangeReader(self._store, sink_input, columns, sink.delta_updates)
@@ -109,7 +121,7 @@ class SinkManager:
             write_hold(state_dir, position)
 
         if sink.driver == "external":
-            external = driver_for(sink.options, name=f"sink {sink.name}")
+            external = driver_for(sink.options, name=f"sink {sink.name}", access=self.access)
             self._external[sink.id] = external
             return SinkRunner(sink, spec, reader, self._store, external.connection, None, state_dir, on_position)
         builtin = builtin_driver(sink.driver)

@@ -157,6 +157,18 @@ class DropRole(exp.Expression):
     arg_types: dict[str, Any] = {"names": True, "if_exists": False}
 
 
+class GrantPrivileges(exp.Expression):
+    """GRANT / REVOKE privileges ON objects TO / FROM grantees (executed by coordinator/grants.py).
+
+    `revoke`: bool; `privileges`: list of upper-case names, or ["ALL"]; `kind`: "table" | "all tables" |
+    "schema" | "database" | "secret" | "connection"; `objects`: list of (schema or None, name) (for "all tables",
+    "schema" and "database": (None, name)); `grantees`: role names, "" for PUBLIC; `grant_option`: WITH GRANT
+    OPTION / GRANT OPTION FOR was written (refused: headrace has no grant options)."""
+
+    arg_types: dict[str, Any] = {"revoke": True, "privileges": True, "kind": True, "objects": True,
+                                 "grantees": True, "grant_option": False}
+
+
 # --- materialized views: CREATE/DROP are sqlglot's exp.Create/exp.Drop; executed by coordinator/views.py ---
 
 

@@ -47,8 +47,7 @@ def _null() -> exp.Expr:
 CONSTANT_FUNCTIONS: dict[str, Callable[[], exp.Expr]] = {
     **{name: _TRUE for name in (
         "pg_table_is_visible", "pg_type_is_visible", "pg_function_is_visible", "pg_has_role",
-        "has_table_privilege", "has_schema_privilege", "has_database_privilege", "has_column_privilege",
-        "has_any_column_privilege", "has_function_privilege", "has_sequence_privilege", "has_type_privilege",
+        "has_function_privilege", "has_sequence_privilege", "has_type_privilege",
         "has_language_privilege", "has_tablespace_privilege", "has_foreign_data_wrapper_privilege",
         "has_server_privilege", "pg_collation_is_visible", "pg_conversion_is_visible", "pg_opclass_is_visible",
         "pg_operator_is_visible", "pg_ts_config_is_visible")},
@@ -70,6 +69,15 @@ CONSTANT_FUNCTIONS: dict[str, Callable[[], exp.Expr]] = {
     "pg_tablespace_location": lambda: exp.Literal.string(""),
     "current_schema": lambda: exp.Literal.string("public"),
     "pg_postmaster_start_time": lambda: exp.Anonymous(this="now", expressions=[]),
+}
+
+# has_*_privilege over headrace's ACLs: function -> (the object kind, the number of arguments without a role;
+# a column argument is dropped: privileges are per relation). Answered by the hr_has_privilege macro over the
+# privileges the system catalog lists (catalog/system/privilege_rows.py).
+PRIVILEGE_FUNCTIONS: dict[str, tuple[str, int]] = {
+    "has_table_privilege": ("relation", 2), "has_any_column_privilege": ("relation", 2),
+    "has_column_privilege": ("relation", 3), "has_schema_privilege": ("schema", 2),
+    "has_database_privilege": ("database", 2),
 }
 
 # Set-returning functions answered by a table macro of catalog/system/macros.py (no arguments).
@@ -121,6 +129,7 @@ class FunctionTranslator:
     def __init__(self, first_session_parameter: int, known_setting: Callable[[str], bool], server_version: str) -> None:
         self.next_parameter = first_session_parameter
         self.session_inputs: list[str] = []
+        self.reads_system_catalog = False  # has_*_privilege reads the system catalog's privilege lists
         self._numbers: dict[str, int] = {}
         self.known_setting = known_setting
         self.server_version = server_version
@@ -191,6 +200,8 @@ class FunctionTranslator:
             return _keeping_parameters(macro_call(macro, *padded), args[arity:])
         if name in CONSTANT_FUNCTIONS:
             return _keeping_parameters(CONSTANT_FUNCTIONS[name](), args)
+        if name in PRIVILEGE_FUNCTIONS:
+            return self._has_privilege(name, args)
         if name in RENAMED_FUNCTIONS:
             return exp.Anonymous(this=RENAMED_FUNCTIONS[name], expressions=[arg.copy() for arg in args])
         if name == "version":
@@ -219,6 +230,15 @@ class FunctionTranslator:
             # Accepted and answered like PostgreSQL (the new value); headrace's settings change via SET.
             return args[1].copy() if len(args) > 1 else exp.null()
         return None
+
+    def _has_privilege(self, name: str, args: list[exp.Expr]) -> exp.Expr:
+        kind, arity = PRIVILEGE_FUNCTIONS[name]
+        if len(args) not in (arity, arity + 1):
+            raise HeadraceError(f"function {name}() with {len(args)} arguments does not exist", sqlstate="42883")
+        role = args[0].copy() if len(args) > arity else self.session_value("user")
+        rest = args[len(args) - arity:]
+        self.reads_system_catalog = True
+        return macro_call("hr_has_privilege", role, exp.Literal.string(kind), rest[0].copy(), rest[-1].copy())
 
     def _current_setting(self, args: list[exp.Expr]) -> exp.Expr:
         if not args:

@@ -17,7 +17,7 @@ from sqlglot.tokens import TokenType
 from headrace.errors import SyntaxError_
 from headrace.sql import limits
 from headrace.sql.ast import DropObject, ShowCreateObject, ShowObjects, ShowVariable
-from headrace.sql.role_statements import parse_alter_role, parse_create_role, parse_drop_role
+from headrace.sql.role_statements import parse_alter_role, parse_create_role, parse_drop_role, parse_grant
 from headrace.sql.sink_grammar import SinkGrammar
 
 OBJECT_KINDS = {"SOURCE": "source", "SOURCES": "source"}
@@ -68,6 +68,12 @@ class HeadraceParser(SinkGrammar):  # sources, secrets (source_grammar.py), conn
         if self._match_text_seq("CONNECTION"):
             return self._parse_drop_named("connection")
         return super()._parse_drop(exists=exists, kind=kind)
+
+    def _parse_grant(self) -> exp.Expr:  # type: ignore[override]
+        return parse_grant(self, revoke=False)  # privileges (sql/role_statements.py)
+
+    def _parse_revoke(self) -> exp.Expr:  # type: ignore[override]
+        return parse_grant(self, revoke=True)
 
     def _parse_types(self, *args: object, **kwargs: object) -> exp.Expr | None:  # type: ignore[override]
         # sqlglot stops after an OID-like type; PostgreSQL also has their arrays: $1::oid[] (asyncpg).

@@ -43,6 +43,7 @@ STORE_ONLY_FUNCTIONS = frozenset({
     "summary", "test_all_types", "test_vector_types", "enable_logging", "disable_logging", "truncate_duckdb_logs",
     "json_execute_serialized_sql", "load_aws_credentials", "iceberg_scan", "delta_scan", "sqlite_scan",
     "postgres_scan", "postgres_query", "mysql_query", "read_xlsx", "icu_calendar_names", "repeat_row",
+    "st_read", "sql_auto_complete",
 })
 STORE_ONLY_FUNCTION_PREFIXES = ("read_", "parquet_", "pragma_", "duckdb_", "sqlite_", "postgres_", "mysql_",
                                 "iceberg_", "delta_", "json_execute")
@@ -62,6 +63,8 @@ class SelectPlan:
     # query whose output columns are those expressions). Describing it gives their types, which PostgreSQL
     # would give the parameters (`k = $1` with k int4 makes $1 int4): see parameter_types_from_probe.
     param_probe: tuple[tuple[int, ...], str] | None = None
+    # The user relations it reads, as (schema, name): what needs SELECT (coordinator/privileges.py).
+    relations: tuple[tuple[str, str], ...] = ()
 
 
 def is_query(ast: exp.Expr) -> bool:
@@ -71,9 +74,10 @@ def is_query(ast: exp.Expr) -> bool:
 def plan_select(ast: exp.Expr, relation_exists: RelationResolver, declared_param_types: Sequence[int] = ()) -> SelectPlan:
     ast = ast.copy()
     unqualify_functions(ast)
-    refuse_store_only_functions(ast)
+    refuse_store_only_functions(ast)  # file readers, SQL-text runners (issue 20); pg_catalog.read_text(...) too
     _check_target_lists(ast)
-    reads_system_catalog = _resolve_relations(ast, relation_exists)
+    relations: list[tuple[str, str]] = []
+    reads_system_catalog = _resolve_relations(ast, relation_exists, relations)
     names = _output_names(ast)
     param_types = _param_types(ast, declared_param_types)
     _type_parameters(ast, param_types, declared_param_types)
@@ -82,8 +86,9 @@ def plan_select(ast: exp.Expr, relation_exists: RelationResolver, declared_param
     _use_store_functions(ast)
     untyped = _untyped_parameters(ast, param_types, declared_param_types)
     return SelectPlan(duckdb_sql=ast.sql(dialect="duckdb"), column_names=tuple(names), param_types=param_types,
-                      session_inputs=tuple(translator.session_inputs), reads_system_catalog=reads_system_catalog,
-                      param_probe=_parameter_probe(ast, untyped) if untyped and not translator.session_inputs else None)
+                      session_inputs=tuple(translator.session_inputs),
+                      reads_system_catalog=reads_system_catalog or translator.reads_system_catalog,
+                      relations=tuple(dict.fromkeys(relations)), param_probe=_parameter_probe(ast, untyped) if untyped and not translator.session_inputs else None)
 
 
 def _check_target_lists(ast: exp.Expr) -> None:
@@ -184,9 +189,10 @@ def _version() -> str:
     return __version__
 
 
-def _resolve_relations(ast: exp.Expr, relation_exists: RelationResolver) -> bool:
+def _resolve_relations(ast: exp.Expr, relation_exists: RelationResolver,
+                       relations: list[tuple[str, str]] | None = None) -> bool:
     """Check every relation exists; map pg_catalog / information_schema relations onto headrace's
-    system catalog. Answers whether the statement reads the system catalog."""
+    system catalog; add each other relation to `relations`. Answers whether it reads the system catalog."""
     cte_names = {cte.alias_or_name for cte in ast.find_all(exp.CTE)}
     reads_system_catalog = False
     for table in list(ast.find_all(exp.Table)):
@@ -210,6 +216,8 @@ def _resolve_relations(ast: exp.Expr, relation_exists: RelationResolver) -> bool
         if not relation_exists(schema, name):
             shown = f"{table.db}.{name}" if table.db else name
             raise UndefinedObject(f'relation "{shown}" does not exist')
+        if relations is not None:
+            relations.append((schema, name))
         # the serving store holds one database: drop the database qualifier
         table.set("catalog", None)
     if reads_system_catalog:

@@ -31,6 +31,8 @@ from headrace.catalog.system.definitions import (
     system_relations,
 )
 from headrace.catalog.system.macros import HELPERS, macro_statements
+from headrace.catalog.privileges import effective
+from headrace.catalog.system.privilege_rows import PrivilegeSource, acl_array, objects_of, privilege_tables
 from headrace.catalog.system.user_indexes import add_index_rows
 from headrace.catalog.system.rows import Role, TypeFacts, UserColumn, UserRelation
 from headrace.catalog.views import MaterializedView
@@ -90,6 +92,7 @@ class SystemCatalog:
         self._type_facts = TypeFacts()
         self._type_names: dict[int, str] = {}
         self.indexes: Callable[[], Sequence[Any]] = lambda: ()  # CREATE INDEX definitions (catalog/indexes.py)
+        self.privileges: PrivilegeSource | None = None  # owners and ACLs (catalog/catalog.py): relacl, \dp
 
     def refresh(self) -> None:
         """Make the catalogs describe the current items and roles (blocking: run it in a worker thread)."""
@@ -100,7 +103,7 @@ class SystemCatalog:
                  for role in self.roles()]
         fingerprint = (tuple((item.id, getattr(item, "create_sql", "")) for item in items),
                        tuple((role.oid, role.name, role.superuser, role.login) for role in roles),
-                       tuple(self.indexes()))
+                       tuple(self.indexes()), getattr(self.privileges, "generation", None))
         if fingerprint == self._fingerprint:
             return
         with self._lock:
@@ -147,17 +150,24 @@ class SystemCatalog:
 
     # ---- whenever items or roles change --------------------------------------------------------
     def _load_dynamic(self, cursor: duckdb.DuckDBPyConnection, items: Sequence[Any], roles: Sequence[Role]) -> None:
-        relations = self._user_relations(cursor, items)
+        relations = self._user_relations(cursor, items, roles)
         owner = roles[0].name if roles else "headrace"
+        source = self.privileges
+        objects = [] if source is None else objects_of(
+            source, [(relation_oid(item.id), item.name, item.id) for item in items], self.database)
+        privilege_objects, held = privilege_tables(objects, roles)
         from headrace.coordinator.session import default_variables  # session defaults for pg_settings
 
         pg_rows: dict[str, list[rows.Row]] = {
-            "pg_namespace": rows.namespace_rows(),
+            # PostgreSQL 15 stores public's ACL explicitly (initdb): shown even while it is the default
+            "pg_namespace": rows.namespace_rows(acl_array(effective(None if source is None else source.schema_acl,
+                                                                    "schema", "headrace"))),
             "pg_class": rows.class_rows(relations),
             "pg_attribute": rows.attribute_rows(relations, self._type_facts),
             "pg_index": rows.index_rows(relations),
             "pg_constraint": rows.constraint_rows(relations),
-            "pg_database": rows.database_rows(self.database),
+            "pg_database": rows.database_rows(self.database,
+                                              None if source is None else acl_array(source.database_acl)),
             "pg_settings": rows.settings_rows(_data()["settings"], default_variables(owner, self.database, "")),
             **rows.role_rows(roles),
             **rows.relation_views(relations, owner),
@@ -180,6 +190,11 @@ class SystemCatalog:
                 _replace(cursor, all_relations[("pg_catalog", name)], table_rows)
             for name, table_rows in info_rows.items():
                 _replace(cursor, all_relations[("information_schema", name)], table_rows)
+            for helper, helper_rows in (("privilege_objects", privilege_objects), ("privileges", held)):
+                cursor.execute(f"DELETE FROM {HELPERS}.{helper}")
+                if helper_rows:
+                    cursor.executemany(f"INSERT INTO {HELPERS}.{helper} VALUES ({', '.join('?' * len(helper_rows[0]))})",
+                                       [list(row.values()) for row in helper_rows])
             cursor.execute(f"DELETE FROM {HELPERS}.object_definitions")
             if definitions:
                 cursor.executemany(f"INSERT INTO {HELPERS}.object_definitions VALUES (?, ?)",
@@ -189,7 +204,9 @@ class SystemCatalog:
             cursor.execute("ROLLBACK")
             raise
 
-    def _user_relations(self, cursor: duckdb.DuckDBPyConnection, items: Sequence[Any]) -> list[UserRelation]:
+    def _user_relations(self, cursor: duckdb.DuckDBPyConnection, items: Sequence[Any],
+                        roles: Sequence[Role] = ()) -> list[UserRelation]:
+        oid_of_role = {role.name: role.oid for role in roles}
         store_columns: dict[str, list[tuple[str, str]]] = {}
         for table, column, data_type in cursor.execute(
             "SELECT table_name, column_name, data_type FROM duckdb_columns() "
@@ -207,9 +224,13 @@ class SystemCatalog:
                             for name, data_type in known)
             kind = item_kind(item)
             definition = getattr(item, "definition", None) or (item.create_sql if kind.endswith("view") else None)
+            owner = self.privileges.owner_of(item.id) if self.privileges is not None else None
+            acl = acl_array(self.privileges.acl_of(item.id)) if self.privileges is not None else None
             relations.append(UserRelation(oid=relation_oid(item.id), schema=getattr(item, "schema", PUBLIC_SCHEMA),
                                           name=item.name, kind=kind, columns=columns,
-                                          primary_key=item_primary_key(item), definition=definition))
+                                          primary_key=item_primary_key(item), definition=definition,
+                                          owner_oid=oid_of_role.get(owner or "", rows.BOOTSTRAP_SUPERUSER_OID),
+                                          owner=owner, acl=None if acl is None else tuple(acl)))
         return relations
 
 

@@ -15,7 +15,14 @@ HELPERS = f"{SYSTEM_DATABASE}.main"
 HELPER_TABLES = {
     "type_names": "oid UINTEGER, name VARCHAR",
     "object_definitions": "oid UINTEGER, definition VARCHAR",
+    # has_*_privilege: the objects privileges apply to, and per role each privilege it holds (privilege_rows.py)
+    "privilege_objects": "kind VARCHAR, oid UINTEGER, name VARCHAR",
+    "privileges": "role VARCHAR, role_oid UINTEGER, kind VARCHAR, oid UINTEGER, privilege VARCHAR",
 }
+
+# An object argument of has_*_privilege matched by OID or by (possibly qualified, quoted) name.
+_OBJECT_MATCHES = """(o.oid = TRY_CAST(object_arg AS UINTEGER)
+        OR o.name = trim(split_part(CAST(object_arg AS VARCHAR), '.', -1), '"'))"""
 
 # name -> (parameters, body)
 MACROS: dict[str, tuple[str, str]] = {
@@ -45,6 +52,20 @@ MACROS: dict[str, tuple[str, str]] = {
         error('function "' || proc_text || '" does not exist'))"""),
     "hr_regproc_out": ("proc_oid", f"""CASE WHEN proc_oid = 0 THEN '-' ELSE coalesce(
         (SELECT proname FROM {PG}.pg_proc WHERE oid = proc_oid), CAST(proc_oid AS VARCHAR)) END"""),
+    # An unknown role: PostgreSQL's error; an object headrace keeps no ACL for (a system relation) is readable by
+    # everyone, as in PostgreSQL.
+    "hr_has_privilege": ("role_arg, object_kind, object_arg, privilege_text", f"""CASE
+        WHEN NOT EXISTS (SELECT 1 FROM {PG}.pg_authid WHERE rolname = CAST(role_arg AS VARCHAR)
+            OR oid = TRY_CAST(role_arg AS UINTEGER))
+            THEN error('role "' || CAST(role_arg AS VARCHAR) || '" does not exist')
+        WHEN NOT EXISTS (SELECT 1 FROM {HELPERS}.privilege_objects o WHERE o.kind = object_kind
+            AND {_OBJECT_MATCHES}) THEN true
+        ELSE EXISTS (SELECT 1 FROM {HELPERS}.privileges p JOIN {HELPERS}.privilege_objects o
+            ON o.kind = p.kind AND o.oid = p.oid
+            WHERE p.kind = object_kind AND (p.role = CAST(role_arg AS VARCHAR) OR p.role_oid = TRY_CAST(role_arg AS UINTEGER))
+            AND {_OBJECT_MATCHES}
+            AND list_contains(list_transform(string_split(upper(privilege_text), ','),
+                              x -> trim(replace(x, 'WITH GRANT OPTION', ''))), p.privilege)) END"""),
     "hr_encoding_to_char": ("encoding", "CASE encoding WHEN 6 THEN 'UTF8' WHEN 0 THEN 'SQL_ASCII' ELSE '' END"),
     "hr_size_pretty": ("size", """CASE WHEN size < 10240 THEN size || ' bytes'
         WHEN size < 10485760 THEN round(size / 1024) || ' kB'

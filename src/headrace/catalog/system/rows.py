@@ -46,6 +46,9 @@ class UserRelation:
     columns: tuple[UserColumn, ...]
     primary_key: tuple[str, ...] = ()
     definition: str | None = None  # a view's query
+    owner_oid: int = BOOTSTRAP_SUPERUSER_OID
+    owner: str | None = None  # the owner's name (None: the bootstrap superuser)
+    acl: tuple[str, ...] | None = None  # relacl in aclitem text form; None: the default (NULL)
 
     @property
     def relkind(self) -> str:
@@ -84,9 +87,10 @@ class TypeFacts:
         return self.by_oid.get(oid, (-1, False, "i", "x"))
 
 
-def namespace_rows() -> list[Row]:
+def namespace_rows(public_acl: list[str] | None = None) -> list[Row]:
     def row(oid: int, name: str) -> Row:
-        return {"oid": oid, "nspname": name, "nspowner": BOOTSTRAP_SUPERUSER_OID}
+        return {"oid": oid, "nspname": name, "nspowner": BOOTSTRAP_SUPERUSER_OID,
+                "nspacl": public_acl if oid == PUBLIC_OID else None}
     return [row(PG_CATALOG_OID, "pg_catalog"), row(PG_TOAST_OID, "pg_toast"), row(PUBLIC_OID, "public"),
             row(INFORMATION_SCHEMA_OID, "information_schema")]
 
@@ -95,9 +99,11 @@ def class_rows(relations: Sequence[UserRelation]) -> list[Row]:
     rows: list[Row] = []
     for relation in relations:
         is_view = relation.relkind == "v"
-        rows.append(_class_row(relation.oid, relation.name, relation.relkind, len(relation.columns),
-                               am=0 if is_view else HEAP_AM_OID, has_index=bool(relation.primary_key),
-                               has_rules=is_view))
+        rows.append({**_class_row(relation.oid, relation.name, relation.relkind, len(relation.columns),
+                                  am=0 if is_view else HEAP_AM_OID, has_index=bool(relation.primary_key),
+                                  has_rules=is_view),
+                     "relowner": relation.owner_oid,
+                     "relacl": None if relation.acl is None else list(relation.acl)})
         if relation.primary_key:
             rows.append(_class_row(relation.index_oid, relation.pkey_name, "i", len(relation.primary_key),
                                    am=BTREE_AM_OID, has_index=False, has_rules=False))
@@ -177,8 +183,8 @@ def _attnum(relation: UserRelation, column_name: str) -> int:
     return [column.name for column in relation.columns].index(column_name) + 1
 
 
-def database_rows(database: str) -> list[Row]:
-    return [{
+def database_rows(database: str, acl: list[str] | None = None) -> list[Row]:
+    return [{"datacl": acl, 
         "oid": DATABASE_OID, "datname": database, "datdba": BOOTSTRAP_SUPERUSER_OID, "encoding": 6,
         "datlocprovider": "c", "datistemplate": False, "datallowconn": True, "datconnlimit": -1,
         "datfrozenxid": 0, "datminmxid": 1, "dattablespace": 1663, "datcollate": "C.UTF-8", "datctype": "C.UTF-8",
@@ -207,13 +213,13 @@ def relation_views(relations: Sequence[UserRelation], owner: str) -> dict[str, l
     for relation in relations:
         common = {"schemaname": relation.schema}
         if relation.relkind == "r":
-            tables.append({**common, "tablename": relation.name, "tableowner": owner,
+            tables.append({**common, "tablename": relation.name, "tableowner": relation.owner or owner,
                            "hasindexes": bool(relation.primary_key), "hasrules": False, "hastriggers": False,
                            "rowsecurity": False})
         elif relation.relkind == "v":
-            views.append({**common, "viewname": relation.name, "viewowner": owner, "definition": relation.definition})
+            views.append({**common, "viewname": relation.name, "viewowner": relation.owner or owner, "definition": relation.definition})
         elif relation.relkind == "m":
-            matviews.append({**common, "matviewname": relation.name, "matviewowner": owner,
+            matviews.append({**common, "matviewname": relation.name, "matviewowner": relation.owner or owner,
                              "hasindexes": bool(relation.primary_key), "ispopulated": True,
                              "definition": relation.definition})
         if relation.primary_key:

@@ -59,6 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from headrace.catalog.host_access import HostAccess
 from headrace.durable import replace_file_durably
 from headrace.errors import DataError, FeatureNotSupported, InvalidParameterValue
 from headrace.materialize.drivers.arrow_values import (
@@ -153,6 +154,13 @@ def dataset_directory(root: Path, resource_path: tuple[str, ...]) -> Path:
     return root.joinpath(*resource_path)
 
 
+def confined_dataset_directory(root: Path, resource_path: tuple[str, ...], access: HostAccess | None) -> Path:
+    """The dataset directory, checked against the server's allow-list (catalog/host_access.py) when the driver
+    runs inside a server; `access` None (driver-test, the conformance kit) leaves it unconfined."""
+    directory = dataset_directory(root, resource_path)
+    return directory if access is None else access.confine_directory(directory)
+
+
 def _read_manifest(directory: Path) -> dict[str, Any] | None:
     try:
         return json.loads((directory / "_manifest.json").read_bytes())
@@ -227,7 +235,10 @@ def _check_compatible(directory: Path, manifest: dict[str, Any], name: str, bind
 
 
 class ParquetConnector:
-    """Spec, Validate and Apply of the PARQUET sink."""
+    """Spec, Validate and Apply of the PARQUET sink (confined to `access`'s directories when given)."""
+
+    def __init__(self, access: HostAccess | None = None) -> None:
+        self._access = access
 
     def spec(self, spec: Spec) -> SpecResponse:
         return SpecResponse(PROTOCOL_VERSION, {
@@ -241,7 +252,8 @@ class ParquetConnector:
         root, _ = _config_root(validate.config)
         answers = []
         for proposal in validate.bindings:
-            manifest = _read_manifest(dataset_directory(root, proposal.resource_path)) or {"columns": {}}
+            directory = confined_dataset_directory(root, proposal.resource_path, self._access)
+            manifest = _read_manifest(directory) or {"columns": {}}
             constraints = {}
             for name, type_name in proposal.fields.items():
                 type_name = normalized_type(type_name)
@@ -255,6 +267,8 @@ class ParquetConnector:
 
     def apply(self, apply: Apply) -> Applied:
         root, buckets = _config_root(apply.materialization.config)
+        for binding in apply.materialization.bindings:
+            confined_dataset_directory(root, binding.resource_path, self._access)
         actions = [action for binding in apply.materialization.bindings
                    for action in apply_binding(root, buckets, apply.materialization.name, binding)]
         return Applied("; ".join(actions) if actions else "no changes")
@@ -323,7 +337,8 @@ class _Dataset:
 class ParquetTransactor:
     """Transactor of one runtime connection writing Parquet datasets (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, access: HostAccess | None = None) -> None:
+        self._access = access
         self._datasets: list[_Dataset] = []
         self._name = ""
         self._fences: dict[Path, int] = {}  # dataset directory -> the fence this runtime's Open set
@@ -336,6 +351,7 @@ class ParquetTransactor:
         self._pending = dict(pending) if isinstance(pending, dict) else {}
         self._datasets = []
         for binding in open.spec.bindings:
+            confined_dataset_directory(root, binding.resource_path, self._access)
             apply_binding(root, buckets, self._name, binding)  # idempotent: a no-op once Apply ran
             directory = dataset_directory(root, binding.resource_path)
             with _locked(directory):
@@ -496,6 +512,10 @@ class ParquetTransactor:
         for staged, target in pairs:
             by_directory.setdefault(Path(target).parent, []).append((Path(staged), Path(target)))
         for directory, files in by_directory.items():
+            # The recovery log names these paths: only the datasets this runtime opened (and confined) are written.
+            if directory not in self._fences or any(Path(staged).parent.parent.parent != directory
+                                                    for staged, _ in files):
+                raise InvalidParameterValue(f"PARQUET sink: transaction {txn} names files outside its datasets")
             with _locked(directory):
                 manifest = self._check_fence(directory)
                 if txn not in manifest["applied"]:

@@ -12,6 +12,10 @@ lines of its stderr are kept for error messages.
 
 `RemoteDriver(address)` is the ADDRESS form: a driver someone else runs; `connection()` just connects.
 `driver_for(options)` picks one from a sink's EXTERNAL options.
+
+Inside a server, `access` (catalog/host_access.py: `headrace up --allow-command`) is checked before every start
+of the process, so a sink recorded by an older version or an edited catalog cannot run a command the server's
+operator did not allow. `access` None (driver-test, the conformance kit) runs what it is given.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from headrace.catalog.host_access import HostAccess
 from headrace.errors import InvalidParameterValue, ServiceUnavailable
 from headrace.materialize.rpc.client import GrpcDriverConnection
 from headrace.materialize.rpc.server import ADDRESS_VARIABLE
@@ -54,10 +59,11 @@ class ExternalDriver:
 
     def __init__(self, command: str, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
                  start_timeout: float = 30.0, stop_timeout: float = 5.0, connect_timeout: float = 10.0,
-                 name: str = "driver") -> None:
+                 name: str = "driver", access: HostAccess | None = None) -> None:
         if not command.strip():
             raise InvalidParameterValue("EXTERNAL driver COMMAND is empty")
         self.command = command
+        self._access = access
         self.name = name
         self._env = dict(env or {})
         self._cwd = cwd
@@ -83,6 +89,8 @@ class ExternalDriver:
         with self._lock:
             if self.running():
                 return
+            if self._access is not None:
+                self._access.check_command(self.command)
             if self._process is not None:
                 logger.warning("%s exited with status %s; restarting it", self.name, self._process.returncode)
                 self._reap()
@@ -232,12 +240,13 @@ class RemoteDriver:
         """Nothing to stop: headrace does not own the process."""
 
 
-def driver_for(options: Mapping[str, Any], name: str = "driver") -> ExternalDriver | RemoteDriver:
+def driver_for(options: Mapping[str, Any], name: str = "driver",
+               access: HostAccess | None = None) -> ExternalDriver | RemoteDriver:
     """The driver of a sink's EXTERNAL options: exactly one of COMMAND or ADDRESS (keys case-insensitive)."""
     lowered = {str(k).lower(): v for k, v in options.items()}
     command, address = lowered.get("command"), lowered.get("address")
     if (command is None) == (address is None):
         raise InvalidParameterValue("INTO EXTERNAL needs exactly one of COMMAND = '...' or ADDRESS = 'host:port'")
     if command is not None:
-        return ExternalDriver(str(command), name=name)
+        return ExternalDriver(str(command), name=name, access=access)
     return RemoteDriver(str(address))

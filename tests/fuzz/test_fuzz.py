@@ -62,11 +62,11 @@ def test_sql_text(target: FuzzTarget) -> None:
             try:
                 conn.execute(statement, prepare=False).fetchall() if _returns_rows(statement) else \
                     conn.execute(statement, prepare=False)
-            except psycopg.OperationalError as error:
-                dropped.append(f"{statement[:200]!r}: {error}")
-                conn = psycopg.connect(target.server.dsn, autocommit=True)
             except psycopg.Error as error:
-                if error.sqlstate == INTERNAL_ERROR:
+                if conn.broken or conn.closed:  # not the class: psycopg maps SQLSTATE classes 53-58 to it too
+                    dropped.append(f"{statement[:200]!r}: {error}")
+                    conn = psycopg.connect(target.server.dsn, autocommit=True)
+                elif error.sqlstate == INTERNAL_ERROR:
                     internal.append((str(error)[:120], statement[:300]))
                 elif error.sqlstate == "57014":
                     slow.append(statement[:200])

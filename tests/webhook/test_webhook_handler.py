@@ -94,7 +94,11 @@ def test_text_and_bytes_bodies() -> None:
     assert validate(source(fmt="BYTES"), b"")[0].body == b""  # BYTES takes an empty body as is
 
 
-@given(st.lists(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3), max_size=5))
+# NUL is left out: json.dumps writes it as \u0000, which jsonb refuses (test_store_rules.py)
+_TEXT = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=5)
+
+
+@given(st.lists(st.dictionaries(_TEXT, st.integers() | _TEXT, max_size=3), max_size=5))
 def test_json_array_rows_are_the_elements(elements: list[dict[str, object]]) -> None:
     body = json.dumps(elements).encode()
     records = WebhookHandler(source(fmt="JSON ARRAY")).validate([], body, 0)

@@ -98,6 +98,9 @@ def text_bytes_refusal(data: bytes) -> StoreRefusal | None:
 
 def headers_refusal(headers: dict[str, str]) -> StoreRefusal | None:
     """Why the store refuses a headers map (stored as jsonb, and header columns as text), or None."""
+    joined = "".join(headers.values()) + "".join(headers)  # one scan for the common case: ASCII, no NUL
+    if joined.isascii() and "\x00" not in joined:
+        return None
     for name, value in headers.items():
         refusal = text_refusal(name) or text_refusal(value)
         if refusal is not None:

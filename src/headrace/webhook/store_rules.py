@@ -92,7 +92,7 @@ def text_bytes_refusal(data: bytes) -> StoreRefusal | None:
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as error:
-        return _invalid_utf8(data[error.start:error.end])
+        return _invalid_utf8(data[error.start:error.start + _sequence_length(data[error.start])])
     return None
 
 
@@ -111,3 +111,8 @@ def headers_refusal(headers: dict[str, str]) -> StoreRefusal | None:
 def _invalid_utf8(sequence: bytes) -> StoreRefusal:
     shown = " ".join(f"0x{byte:02x}" for byte in sequence[:4])
     return StoreRefusal(CHARACTER_NOT_IN_REPERTOIRE, f'invalid byte sequence for encoding "UTF8": {shown}')
+
+
+def _sequence_length(lead: int) -> int:
+    """Bytes of the UTF-8 sequence a lead byte starts, as PostgreSQL counts them when it shows an invalid one."""
+    return 2 if 0xC0 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if 0xF0 <= lead < 0xF8 else 1

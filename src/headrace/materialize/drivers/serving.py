@@ -35,6 +35,7 @@ from headrace.materialize.protocol import (
     PROTOCOL_VERSION, Acknowledged, Applied, Apply, Binding, FencedOff, FieldConstraint, Load, LoadColumns, Loaded,
     LoadedColumns, MaterializationError, Open, Opened, Spec, SpecResponse, StartedCommit, Store, StoreColumns,
     Validate, Validated, ValidatedBinding, field_constraint)
+from headrace.store.quarantine import ensure_quarantine_table, record_quarantined
 from headrace.store.table_types import arrow_type as exact_arrow_type
 from headrace.store.table_types import document_select_sql, is_exact_store_type
 from headrace.store.table_types import to_arrow as exact_to_arrow
@@ -281,6 +282,7 @@ class ServingTransactor:
         self._name = open.spec.name
         self._key_range = (open.key_begin, open.key_end)
         self._cursor = cursor = self._store.cursor()
+        ensure_quarantine_table(cursor)  # where record_quarantined writes (DDL kept out of the commits)
         cursor.begin()
         try:
             checkpoint = self._fence_off_others(cursor)
@@ -386,6 +388,7 @@ class ServingTransactor:
         try:
             for binding_index, stores in staged.items():
                 self._apply_stores(cursor, self._plans[binding_index], stores, timestamp)
+            record_quarantined(cursor, self._name, runtime_checkpoint)  # records the batch set aside, if any
             updated = cursor.execute(
                 f"UPDATE {CHECKPOINTS_TABLE} SET checkpoint = ?, committed_at = ? "
                 "WHERE materialization = ? AND key_begin = ? AND key_end = ? AND fence = ?",

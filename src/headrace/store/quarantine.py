@@ -17,6 +17,7 @@ ignored by its key (materialization, log_offset)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import duckdb
@@ -45,16 +46,17 @@ def ensure_quarantine_table(cursor: duckdb.DuckDBPyConnection) -> None:
 
 
 def record_quarantined(cursor: duckdb.DuckDBPyConnection, materialization: str,
-                       runtime_checkpoint: dict[str, Any]) -> int:
-    """Insert the checkpoint's quarantined records (none: nothing is done); within the caller's transaction."""
-    entries = runtime_checkpoint.get(QUARANTINE_FIELD)
+                       runtime_checkpoint: dict[str, Any], refused: Sequence[list[Any]] = ()) -> int:
+    """Insert the checkpoint's quarantined records and the driver's own `refused` entries (same form); nothing when
+    there are none. Within the caller's transaction."""
+    entries = [*(runtime_checkpoint.get(QUARANTINE_FIELD) or ()), *refused]
     if not entries:
         return 0
     source = str(runtime_checkpoint.get(QUARANTINE_SOURCE_FIELD, materialization))
     now_us = time.time_ns() // 1000
     table = pa.table({
         "source": [source] * len(entries), "materialization": [materialization] * len(entries),
-        "log_offset": [int(entry[0]) for entry in entries], "received_at": [int(entry[1]) for entry in entries],
+        "log_offset": [int(entry[0]) for entry in entries], "received_at": [None if entry[1] is None else int(entry[1]) for entry in entries],
         "sqlstate": [str(entry[2]) for entry in entries], "reason": [str(entry[3]) for entry in entries],
         "quarantined_at": [now_us] * len(entries),
     }, schema=_SCHEMA)
@@ -64,6 +66,38 @@ def record_quarantined(cursor: duckdb.DuckDBPyConnection, materialization: str,
     finally:
         cursor.unregister(_STAGED)
     return len(entries)
+
+
+def refused_rows(convert: Callable[[pa.Table], Any], table: pa.Table,
+                 refusals: tuple[type[BaseException], ...]) -> dict[int, str]:
+    """Row index -> the store's error, for every row of `table` that `convert` refuses, found by bisection: a part
+    that converts holds none; a refused part is halved until single rows remain (about 2 log2(n) conversions per
+    refused row). The fallback for refusals the rules of webhook/store_rules.py did not predict."""
+    refused: dict[int, str] = {}
+
+    def bisect(start: int, length: int) -> None:
+        try:
+            convert(table.slice(start, length))
+        except refusals as exc:
+            if length == 1:
+                refused[start] = str(exc).splitlines()[0][:500]
+                return
+            half = length // 2
+            bisect(start, half)
+            bisect(start + half, length - half)
+
+    if table.num_rows:
+        bisect(0, table.num_rows)
+    return refused
+
+
+def quarantine_entries(table: pa.Table, refused: dict[int, str]) -> list[list[Any]]:
+    """Quarantine entries ([log_offset, received_at_us, sqlstate, reason]) of a source's rows refused by the store."""
+    offsets = table["log_offset"].to_pylist()
+    arrivals = table["received_at"].cast(pa.int64()).to_pylist() if "received_at" in table.column_names \
+        else [None] * table.num_rows
+    return [[offsets[index], arrivals[index], "22P02", f"invalid input syntax for type json: {message}"]
+            for index, message in sorted(refused.items())]
 
 
 def quarantine_snapshot(cursor: duckdb.DuckDBPyConnection) -> pa.Table:

@@ -133,8 +133,8 @@ def test_records_the_store_refuses_are_quarantined_exactly_once(tmp_path: Path) 
         process.start()
         assert post_webhook(url, b'{"id": "good3", "v": 100}').status_code == 200
         wait_for(lambda: query(process, "SELECT n, total FROM q_total") == [(3, 111)], 300, message="canary")
-        listed = query(process, "SELECT source, log_offset, sqlstate, reason FROM headrace_internal.quarantined_records "
-                                "ORDER BY log_offset")
+        listed = query(process, "SELECT source, log_offset, sqlstate, reason "
+                                "FROM headrace_internal.quarantined_records ORDER BY log_offset")
         assert [(row[0], row[1], row[2]) for row in listed] == [
             ("public.q", refused_offsets[0], "22P02"), ("public.q", refused_offsets[1], "22P05"),
             ("public.q", refused_offsets[2], "22P02")]

@@ -20,7 +20,8 @@ SOURCE = Binding(resource_path=("headrace_internal", "source_q1"), key=("log_off
 
 def source_rows(bodies: list[str], first_offset: int) -> pa.Table:
     return pa.table({"log_offset": pa.array(range(first_offset, first_offset + len(bodies)), pa.int64()),
-                     "body": pa.array(bodies), "received_at": pa.array([1_700_000_000_000_000] * len(bodies), pa.int64())})
+                     "body": pa.array(bodies),
+                     "received_at": pa.array([1_700_000_000_000_000] * len(bodies), pa.int64())})
 
 
 def test_rows_the_store_refuses_are_bisected_out_and_quarantined(driver_server: DriverServer) -> None:
@@ -28,7 +29,8 @@ def test_rows_the_store_refuses_are_bisected_out_and_quarantined(driver_server: 
     runtime.open()
     bodies = [f'{{"n": {i}}}' for i in range(40)]
     bodies[7], bodies[30] = '"\\ud800"', '{"s": "x\\udc00"}'
-    runtime.transact([], {"batch_id": 1, QUARANTINE_SOURCE_FIELD: "public.q"}, [StoreColumns(0, rows=source_rows(bodies, 0))])
+    runtime.transact([], {"batch_id": 1, QUARANTINE_SOURCE_FIELD: "public.q"},
+                     [StoreColumns(0, rows=source_rows(bodies, 0))])
     runtime.transact([], {"batch_id": 2}, [StoreColumns(0, rows=source_rows(['{"n": 40}'], 40))])
     cursor = driver_server.store.cursor()
     try:

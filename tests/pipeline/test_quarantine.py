@@ -22,7 +22,8 @@ def source(fmt: str = "JSON", clauses: str = "") -> WebhookSource:
     return item_from_create_sql("u1", f"CREATE SOURCE s FROM WEBHOOK BODY FORMAT {fmt} {clauses}")
 
 
-def batch(bodies: list[bytes], headers: list[str | None] | None = None, keys: list[str | None] | None = None) -> pa.Table:
+def batch(bodies: list[bytes], headers: list[str | None] | None = None,
+          keys: list[str | None] | None = None) -> pa.Table:
     count = len(bodies)
     return pa.table({"log_offset": [i * 100 for i in range(count)], "next_offset": [i * 100 + 50 for i in range(count)],
                      "prev_offset": [None] * count, "received_at": [1_700_000_000_000_000 + i for i in range(count)],
@@ -40,7 +41,8 @@ def test_json_records_the_store_refuses() -> None:
 
 def test_text_headers_and_keys() -> None:
     table = batch([b"ok", b"a\x00b", "caf\u00e9".encode(), b"\xed\xa0\x80", b"k", b"h"],
-                  headers=[None, None, None, None, None, '{"x":"\\u0000"}'], keys=[None, None, None, None, "a\x00", None])
+                  headers=[None, None, None, None, None, '{"x":"\\u0000"}'],
+                  keys=[None, None, None, None, "a\x00", None])
     refused = refused_records(source("TEXT", "INCLUDE HEADERS IDEMPOTENT (body)"), table)
     assert [(r.log_offset, r.refusal.sqlstate) for r in refused] == [(100, "22021"), (300, "22021"), (400, "22021"),
                                                                       (500, "22P05")]

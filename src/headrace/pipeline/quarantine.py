@@ -10,9 +10,10 @@ same rules the store applies (`refused_records`); a refused record is:
 
 Durable and exactly once: the batch's quarantined records ride in its runtime checkpoint (`QUARANTINE_FIELD`), and
 the serving driver records them in the same DuckDB transaction as the batch's rows and checkpoint
-(store/quarantine.py `record_quarantined`, called by materialize/drivers/serving.py), keyed by (source, log offset). A batch replayed after a
-kill -9 either finds its transaction committed (skipped whole) or commits it then; the rules are a pure function
-of the log's bytes, so a replay quarantines the same records, and a record seen twice is recorded once.
+(store/quarantine.py `record_quarantined`, called by materialize/drivers/serving.py), keyed by (source, log offset).
+A batch replayed after a kill -9 either finds its transaction committed (skipped whole) or commits it then; the
+rules are a pure function of the log's bytes, so a replay quarantines the same records, and a record seen twice is
+recorded once.
 
 A replacement (a record naming `prev_offset`) that is quarantined replaces nothing: the row it would have replaced
 stays, as if the refused request had never been acknowledged."""

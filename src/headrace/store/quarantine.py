@@ -56,7 +56,8 @@ def record_quarantined(cursor: duckdb.DuckDBPyConnection, materialization: str,
     now_us = time.time_ns() // 1000
     table = pa.table({
         "source": [source] * len(entries), "materialization": [materialization] * len(entries),
-        "log_offset": [int(entry[0]) for entry in entries], "received_at": [None if entry[1] is None else int(entry[1]) for entry in entries],
+        "log_offset": [int(entry[0]) for entry in entries],
+        "received_at": [None if entry[1] is None else int(entry[1]) for entry in entries],
         "sqlstate": [str(entry[2]) for entry in entries], "reason": [str(entry[3]) for entry in entries],
         "quarantined_at": [now_us] * len(entries),
     }, schema=_SCHEMA)

@@ -171,8 +171,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     roles = RoleCatalog(layout.root)
     host_access = HostAccess.from_options(config.allow_commands, config.allow_directories, layout.root)
     coordinator = Coordinator(catalog, resources, executor, supervisor.update, roles=roles,
-                              system_tables=SystemTables(registry), on_views_changed=supervisor.update_views,
-                              host_access=host_access)
+                              system_tables=SystemTables(registry, supervisor.status),
+                              on_views_changed=supervisor.update_views, host_access=host_access)
     # Materialized views: restore what a crash left half-made (tables, public relations), inputs first.
     await asyncio.get_running_loop().run_in_executor(executor, coordinator.views.ensure_all)
     await coordinator.tables.open_all()  # tables: store tables, public relations, logs (coordinator/tables.py)

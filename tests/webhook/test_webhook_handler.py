@@ -9,7 +9,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headrace.catalog.items import WebhookSource
@@ -94,7 +94,12 @@ def test_text_and_bytes_bodies() -> None:
     assert validate(source(fmt="BYTES"), b"")[0].body == b""  # BYTES takes an empty body as is
 
 
-@given(st.lists(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3), max_size=5))
+# NUL is left out: json.dumps writes it as \u0000, which jsonb refuses (test_store_rules.py)
+_TEXT = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=5)
+
+
+@settings(deadline=None)  # timing is not what this checks (it tripped on a loaded 2-core machine)
+@given(st.lists(st.dictionaries(_TEXT, st.integers() | _TEXT, max_size=3), max_size=5))
 def test_json_array_rows_are_the_elements(elements: list[dict[str, object]]) -> None:
     body = json.dumps(elements).encode()
     records = WebhookHandler(source(fmt="JSON ARRAY")).validate([], body, 0)

@@ -400,8 +400,13 @@ class Runtime:
             if changed:
                 documents = derived.derive(changed, runtime_checkpoint)
                 self._combine_into(txn, ((derived.binding, key, doc) for key, doc in documents))
-                self._send_loads(self._new_loads(txn))
-                self._flush_round(txn)  # a further round: the downstream keys are known only now
+                loads = self._new_loads(txn)
+                # A further round only for keys known just now: when the downstream view filters out every change
+                # (or its keys are loaded already), a Flush here would follow the last Flush, which the protocol
+                # forbids (lifecycle.py), and would fail every retry of the batch.
+                if loads:
+                    self._send_loads(loads)
+                    self._flush_round(txn)
             self._reduce_into(txn, finals, lambda binding, target=derived.binding: binding == target)
         lap("derive")
         reduced = [self._reduce_columns(txn, batch) for batch in columnar if batch.partials.num_rows]

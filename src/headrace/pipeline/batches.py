@@ -34,6 +34,8 @@ from headrace.materialize.columnar import ColumnarDocuments
 from headrace.materialize.protocol import StoreColumns
 from headrace.materialize.runtime import Runtime
 from headrace.materialize.sources import source_binding
+from headrace.pipeline.quarantine import (QUARANTINE_FIELD, QUARANTINE_SOURCE_FIELD, QuarantinedRecord,
+                                          refused_records, without_records)
 from headrace.pipeline.view_changes import OneJobBatch, SourceView, batch_changes, input_table, view_documents_of
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class SourceBatches:
         self.committed_batch_id = committed_batch_id
         self.binding = source_binding(source)
         self.last_batch_seconds = 0.0
+        self.last_batch_at: float | None = None  # wall clock of the last transaction handed to the store
         # One Spark job per batch when every view qualifies (view_changes.OneJobBatch); else persist + a job per view.
         self.one_job = OneJobBatch(source, self.views) if OneJobBatch.eligible(source, self.views) else None
 
@@ -69,18 +72,23 @@ class SourceBatches:
             return
         if self.views:
             frame = frame.persist()  # read and decoded once for the collection and every view
+        persisted = frame
         try:
             table = frame.toArrow()  # partitions are ordered offset ranges: rows arrive in log order
             read = time.monotonic()
             if table.num_rows == 0:
                 return
-            checkpoint, source_rows = self._checkpoint(batch_id, table), self.source_rows(table)
+            checkpoint = self._checkpoint(batch_id, table)
+            refused = refused_records(self.source, table)
+            if refused:  # rare: left out of the source's rows and its views, recorded with the checkpoint
+                table, frame = self._quarantine(refused, table, frame, checkpoint)
+            source_rows = self.source_rows(table)
             collected = time.monotonic()
-            documents = list(self._view_documents(frame, table)) if self.views else []
+            documents = list(self._view_documents(frame, table)) if self.views and table.num_rows else []
             viewed = time.monotonic()
         finally:
             if self.views:
-                frame.unpersist()
+                persisted.unpersist()
         self._commit(batch_id, table, documents, checkpoint, source_rows, (started, read, collected, viewed))
 
     def _one_job(self, frame: DataFrame, batch_id: int, started: float) -> None:
@@ -89,11 +97,31 @@ class SourceBatches:
         read = time.monotonic()
         if table.num_rows == 0:
             return
-        checkpoint, source_rows = self._checkpoint(batch_id, table), self.source_rows(table)
+        checkpoint = self._checkpoint(batch_id, table)
+        refused = refused_records(self.source, table)
+        if refused:  # rare: collected again without them (a second Spark job)
+            table, frame = self._quarantine(refused, table, frame, checkpoint)
+            table, projected = self.one_job.collect(frame)
+        source_rows = self.source_rows(table)
         collected = time.monotonic()
-        documents, columnar = self.one_job.documents(frame.sparkSession, table, projected, self.log_dir)
+        documents, columnar = ([], []) if table.num_rows == 0 else \
+            self.one_job.documents(frame.sparkSession, table, projected, self.log_dir)
         self._commit(batch_id, table, documents, checkpoint, source_rows, (started, read, collected, time.monotonic()),
                      columnar)
+
+    def _quarantine(self, refused: list[QuarantinedRecord], table: pa.Table, frame: DataFrame,
+                    checkpoint: dict[str, Any]) -> tuple[pa.Table, DataFrame]:
+        """The batch without the records the store refuses; they are listed in the checkpoint, which the serving
+        driver records in the same transaction (pipeline/quarantine.py)."""
+        from pyspark.sql import functions as F
+
+        for record in refused:
+            log.warning("%s: quarantined the record at log offset %d: %s", self.source.materialization,
+                        record.log_offset, record.refusal.describe())
+        checkpoint[QUARANTINE_FIELD] = [record.as_checkpoint_entry() for record in refused]
+        checkpoint[QUARANTINE_SOURCE_FIELD] = f"{self.source.schema}.{self.source.name}"
+        offsets = [record.log_offset for record in refused]
+        return without_records(table, refused), frame.filter(~F.col("log_offset").isin(offsets))
 
     def _checkpoint(self, batch_id: int, table: pa.Table) -> dict[str, Any]:
         """The runtime checkpoint this batch commits with. `views`: the views whose state it includes (a view
@@ -109,6 +137,7 @@ class SourceBatches:
         # first (discard_checkpoint_ahead_of_store keeps this exactly once across crashes).
         self.runtime.transact(documents, checkpoint, [source_rows], columnar, wait_for_commit=False)
         self.committed_batch_id = batch_id
+        self.last_batch_at = time.time()
         self.last_batch_seconds = time.monotonic() - started
         if self.last_batch_seconds > SLOW_BATCH_S:
             phases = " ".join(f"{name} {seconds:.2f}" for name, seconds in self.runtime.phase_seconds.items())

@@ -33,6 +33,7 @@ from headrace.materialize.sources import source_binding
 from headrace.materialize.transport import FrameSocket
 from headrace.pipeline.batches import SLOW_BATCH_S, SourceBatches, discard_checkpoint_ahead_of_store
 from headrace.pipeline.log_source import HeadraceLogSource
+from headrace.pipeline.status import one_line_error, status_row
 from headrace.pipeline.view_changes import SourceView, backfill_documents, compile_source_views, derived_bindings
 from headrace.sql.ddl import item_from_create_sql
 
@@ -49,6 +50,11 @@ class RunningSource:
     query: Any  # pyspark StreamingQuery
     runtime: Runtime
     started_at: float
+    batches: Any = None  # the foreachBatch function (SourceBatches): when it last committed
+
+    @property
+    def last_batch_at(self) -> float | None:
+        return getattr(self.batches, "last_batch_at", None)
 
     @property
     def definition(self) -> tuple[Any, ...]:
@@ -166,6 +172,8 @@ class Pipeline:
         self.running: dict[str, RunningSource] = {}
         self.failures: dict[str, int] = {}
         self.unstarted: dict[str, tuple[WebhookSource, list[MaterializedView]]] = {}  # start failed: retried
+        self.last_errors: dict[str, tuple[str | None, float]] = {}  # per source: its last failure, and when
+        self._last_batches: dict[str, float] = {}  # per source: its last commit, kept across restarts of its query
 
     def reconcile(self, sources: list[WebhookSource], views: list[MaterializedView] | None = None) -> None:
         desired = {source.id: source for source in sources}
@@ -183,9 +191,11 @@ class Pipeline:
         """Start a source's query; a failure (driver unreachable, backfill error) is retried later."""
         try:
             self.start_source(source, views)
-        except Exception:  # noqa: BLE001 - one source must not stop the others
+        except Exception as exc:  # noqa: BLE001 - one source must not stop the others
             log.exception("starting %s failed; retrying", source.materialization)
             self.unstarted[source.id] = (source, views)
+            self.failures[source.id] = self.failures.get(source.id, 0) + 1
+            self.last_errors[source.id] = (one_line_error(exc), time.time())
 
     def start_source(self, source: WebhookSource, views: list[MaterializedView] | None = None) -> None:
         kind = SOURCE_QUERY
@@ -228,7 +238,7 @@ class Pipeline:
         except BaseException:
             runtime.close()
             raise
-        self.running[source.id] = RunningSource(source, views, query, runtime, time.monotonic())
+        self.running[source.id] = RunningSource(source, views, query, runtime, time.monotonic(), batches)
         log.warning("started %s (%s) with %d views from epoch %s, committed batch %d", source.name,
                     source.materialization, len(source_views), epoch, committed_batch_id)
 
@@ -260,7 +270,7 @@ class Pipeline:
     def restart_failed(self) -> None:
         """A failed query (driver error, fenced off, I/O) restarts with backoff from its checkpoint."""
         for source_id, (source, views) in list(self.unstarted.items()):
-            failures = self.failures[source_id] = self.failures.get(source_id, 0) + 1
+            failures = self.failures.get(source_id, 1)  # counted when the start failed
             time.sleep(min(10.0, 0.5 * 2 ** min(failures, 5)))
             del self.unstarted[source_id]
             self._try_start(source, views)
@@ -269,8 +279,12 @@ class Pipeline:
                 continue
             failures = self.failures.get(source_id, 0) + 1
             self.failures[source_id] = failures
+            error = running.query.exception()
+            self.last_errors[source_id] = (one_line_error(error) or "the query stopped", time.time())
+            if running.last_batch_at is not None:
+                self._last_batches[source_id] = running.last_batch_at
             log.error("query %s stopped: %s; restarting (attempt %d)", running.source.materialization,
-                      running.query.exception(), failures)
+                      error, failures)
             self.running.pop(source_id)
             try:
                 running.runtime.close()
@@ -282,6 +296,20 @@ class Pipeline:
     def stop(self) -> None:
         for source_id in list(self.running):
             self.stop_source(source_id)
+
+    def status_report(self) -> list[dict[str, Any]]:
+        """Each source's state for headrace_internal.source_status (pipeline/status.py)."""
+        rows = []
+        sources = [(source_id, running.source, True) for source_id, running in self.running.items()]
+        sources += [(source_id, source, False) for source_id, (source, _) in self.unstarted.items()]
+        for source_id, source, started in sources:
+            running = self.running.get(source_id)
+            last_batch_at = (running.last_batch_at if running is not None else None) or \
+                self._last_batches.get(source_id)
+            error, error_at = self.last_errors.get(source_id, (None, None))
+            rows.append(status_row(f"{source.schema}.{source.name}", source.materialization,
+                                   self.failures.get(source_id, 0), error, error_at, last_batch_at, started))
+        return rows
 
 
 def remove_torn_checkpoint_writes(checkpoint_dir: Path) -> list[Path]:
@@ -346,12 +374,17 @@ def main(argv: list[str] | None = None) -> None:
     spark = build_spark(args.spark_master, args.data_dir)
     pipeline = Pipeline(spark, args.data_dir, _parse_address(args.driver))
     control.send({"type": "ready"})
+    reported: list[dict[str, Any]] = []
     try:
         while not stop.is_set():
             try:
                 message = control.recv()
             except (socket.timeout, TimeoutError):
                 pipeline.restart_failed()
+                report = pipeline.status_report()
+                if report != reported:  # headrace_internal.source_status (pipeline/status.py)
+                    control.send({"type": "status", "sources": report})
+                    reported = report
                 continue
             except (ConnectionError, OSError, EOFError):
                 log.warning("server went away; stopping")

@@ -9,11 +9,13 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from headrace.catalog.items import WebhookSource
 from headrace.catalog.views import MaterializedView
 from headrace.materialize.transport import read_frame, write_frame
+from headrace.pipeline.status import PipelineStatus
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class PipelineSupervisor:
         self._watch_task: asyncio.Task[None] | None = None
         self._stopping = False
         self.ready = asyncio.Event()  # the pipeline process has a SparkSession
+        self.status = PipelineStatus()  # the pipeline's latest report: headrace_internal.source_status
 
     async def start(self, sources: list[WebhookSource], views: list[MaterializedView] | None = None) -> None:
         self._sources = list(sources)
@@ -103,6 +106,7 @@ class PipelineSupervisor:
             failures = 0 if ran_for > 60 else failures + 1
             delay = min(RESTART_BACKOFF_MAX_S, 0.5 * 2 ** failures)
             log.error("pipeline process exited with %s; restarting in %.1fs", code, delay)
+            self._note_exit(code)
             await asyncio.sleep(delay)
 
     async def _spawn(self) -> None:
@@ -131,12 +135,20 @@ class PipelineSupervisor:
             while (message := await read_frame(reader)) is not None:
                 if message.get("type") == "ready":
                     self.ready.set()
+                elif message.get("type") == "status":
+                    self.status.update(message.get("sources") or [])
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             if self._writer is writer:
                 self._writer = None
             writer.close()
+
+    def _note_exit(self, code: int | None) -> None:
+        """Every source reads as failing until the restarted pipeline reports again."""
+        now = time.time()
+        self.status.update({**row, "state": "failing", "last_error": f"pipeline process exited with {code}",
+                            "last_error_at": now} for row in self.status.snapshot())
 
     def _push(self) -> None:
         if self._writer is None:

@@ -41,6 +41,7 @@ from headrace.materialize.columnar import ColumnarDocuments
 from headrace.materialize.protocol import Binding
 from headrace.materialize.runtime import DerivedBinding
 from headrace.materialize.sources import source_relation
+from headrace.pipeline.quarantine import record_refusal
 from headrace.sql.parser import parse_statement
 from headrace.sql.view_serving import view_binding
 from headrace.sql.view_chain import chain_refusal, row_changes, stored_fields
@@ -373,6 +374,8 @@ def backfill_documents(spark: Any, source: WebhookSource, log_dir: Path, end: in
         if offset in replaced:
             continue
         received_at_us, key, headers, body, _ = decode_fields(payload)
+        if record_refusal(source, key, headers, body) is not None:
+            continue  # quarantined: in no view (pipeline/quarantine.py)
         for name, value in zip(_LOG_SCHEMA.names, (offset, received_at_us, key, headers, body)):
             chunk[name].append(value)
         if len(chunk["log_offset"]) >= BACKFILL_CHUNK_ROWS:

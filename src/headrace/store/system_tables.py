@@ -3,6 +3,10 @@
     headrace_internal.webhook_counters   one row per webhook source (webhook/metrics.py)
     headrace_internal.webhook_requests   the last N requests of each source (webhook/request_log.py)
     headrace_internal.sink_status        one row per sink: state, position, lag, last error (sink/manager.py)
+    headrace_internal.source_status      one row per source the pipeline runs: state, failures, last error
+                                         (pipeline/status.py, reported by the pipeline process)
+    headrace_internal.quarantined_records  log records the store refused, set aside (store/quarantine.py); the
+                                         one relation read from the serving store itself (durable)
 
 The planner resolves them by name (`exists`); `bind` points the planned DuckDB SQL at a per-cursor
 name, and `register` puts a fresh Arrow snapshot under that name on the cursor that runs the query,
@@ -20,7 +24,10 @@ from sqlglot import exp, parse_one
 
 from headrace.coordinator.responses import Column
 from headrace.sql.select import SelectPlan
+from headrace.pipeline.status import STATUS_COLUMNS, PipelineStatus
 from headrace.store.query import describe_query, translate_error
+from headrace.store.quarantine import COLUMNS as QUARANTINE_COLUMNS
+from headrace.store.quarantine import quarantine_snapshot
 from headrace.store.serving import ServingStore
 from headrace.webhook.ingest import IngestRegistry
 from headrace.webhook.metrics import COUNTER_COLUMNS, counter_rows
@@ -39,8 +46,12 @@ _ARROW_TYPES = {
 class SystemRelation:
     columns: tuple[tuple[str, str], ...]  # (name, DuckDB type)
     rows: Callable[[], Iterable[tuple[Any, ...]]]
+    # Instead of `rows`: the snapshot read through the query's own cursor (a relation kept in the serving store).
+    read: Callable[[duckdb.DuckDBPyConnection], pa.Table] | None = None
 
-    def snapshot(self) -> pa.Table:
+    def snapshot(self, cursor: duckdb.DuckDBPyConnection | None = None) -> pa.Table:
+        if self.read is not None and cursor is not None:
+            return self.read(cursor)
         rows = list(self.rows())
         arrays = [pa.array([row[index] for row in rows], type=_ARROW_TYPES[type_name])
                   for index, (_, type_name) in enumerate(self.columns)]
@@ -48,8 +59,11 @@ class SystemRelation:
 
 
 class SystemTables:
-    def __init__(self, registry: IngestRegistry) -> None:
+    def __init__(self, registry: IngestRegistry, pipeline_status: PipelineStatus | None = None) -> None:
+        self.pipeline_status = pipeline_status or PipelineStatus()
         self._relations = {
+            "source_status": SystemRelation(STATUS_COLUMNS, self.pipeline_status.rows),
+            "quarantined_records": SystemRelation(QUARANTINE_COLUMNS, tuple, read=quarantine_snapshot),
             "webhook_counters": SystemRelation(
                 COUNTER_COLUMNS, lambda: counter_rows((key, ingestor.metrics) for key, ingestor in registry.items())),
             "webhook_requests": SystemRelation(
@@ -84,7 +98,7 @@ class SystemTables:
             return
         for name, relation in self._relations.items():
             if _REGISTERED_PREFIX + name in plan.duckdb_sql:
-                cursor.register(_REGISTERED_PREFIX + name, relation.snapshot())
+                cursor.register(_REGISTERED_PREFIX + name, relation.snapshot(cursor))
 
     def describe(self, store: ServingStore, plan: SelectPlan) -> tuple[Column, ...]:
         if _REGISTERED_PREFIX not in plan.duckdb_sql:

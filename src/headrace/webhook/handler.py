@@ -9,6 +9,10 @@ into rows by the BODY FORMAT, and extracts each row's idempotency key.
 - JSON ARRAY: the elements of a top-level array are the rows (an empty array: no rows); any
   other single JSON value is one row, as in Materialize.
 A JSON row's bytes are its text exactly as the sender wrote it (sliced from the body).
+
+What the store would refuse is refused here, with 400 and PostgreSQL's message, before anything is written
+(webhook/store_rules.py): \u0000 and lone surrogate escapes in JSON, NUL in TEXT, in a kept header or in the
+idempotency key. Accepting such a row would acknowledge it and then fail its batch in the pipeline.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from headrace.errors import FeatureNotSupported, HeadraceError
 from headrace.sql.ddl import check_columns, key_columns
 from headrace.sql.expr import NOW, CompiledExpression, compile_expression
 from headrace.webhook.record import WebhookRecord
+from headrace.webhook.store_rules import NUL_IN_TEXT, StoreRefusal, headers_refusal, jsonb_refusal, text_refusal
 
 CHECK_FAILED = "request failed the CHECK"  # never more: the sender must learn nothing about secrets
 
@@ -91,23 +96,40 @@ class WebhookHandler:
         if self._check is not None:
             self._run_check(header_map, body, received_at_us)
         rows = self._split(body)
+        body_refusal = self._body_refusal(body)
+        if body_refusal is not None:
+            raise WebhookRejected(400, f"request body is refused by the store: {body_refusal.describe()}")
         kept = self._kept_headers(header_map) if self._keeps_headers else None
+        if kept and (header_refusal := headers_refusal(kept)) is not None:
+            raise WebhookRejected(400, f"a request header is refused by the store: {header_refusal.describe()}")
         key = self._idempotency_key
         key_header = self._key_header
         if key_header is not None:
             found = header_map.get(key_header)
             if found is None and rows:  # as evaluating the expression per row would
                 raise WebhookRejected(400, "idempotency key is null")
+            if found is not None:
+                _check_key(found)
             return [WebhookRecord(received_at_us, found, kept, raw) for _, raw in rows]
         records = []
         for value, raw in rows:
             records.append(WebhookRecord(
                 received_at_us=received_at_us,
-                idempotency_key=None if key is None else self._evaluate_key(key, value, header_map, received_at_us),
+                idempotency_key=None if key is None else _check_key(
+                    self._evaluate_key(key, value, header_map, received_at_us)),
                 headers=kept,
                 body=raw,
             ))
         return records
+
+    def _body_refusal(self, body: bytes) -> StoreRefusal | None:
+        """What the store would refuse in a body already split into valid rows (cheap when there is nothing)."""
+        body_format = self.source.body_format
+        if body_format in ("json", "json_array"):
+            return jsonb_refusal(body)  # one pass over the body covers every row sliced from it
+        if body_format == "text" and body.find(0) >= 0:  # memchr: cheaper than `b"\x00" in body`
+            return NUL_IN_TEXT
+        return None
 
     # ---- CHECK ----------------------------------------------------------------------------------
     def _run_check(self, header_map: dict[str, str], body: bytes, received_at_us: int) -> None:
@@ -172,6 +194,13 @@ class WebhookHandler:
         if key is None:
             raise WebhookRejected(400, "idempotency key is null")
         return key
+
+
+def _check_key(key: str) -> str:
+    refusal = text_refusal(key)
+    if refusal is not None:
+        raise WebhookRejected(400, f"idempotency key is refused by the store: {refusal.describe()}")
+    return key
 
 
 # -- body formats: body bytes -> [(value the expressions see, the row's bytes)] -------------------------

@@ -35,6 +35,7 @@ from headrace.materialize.protocol import (
     PROTOCOL_VERSION, Acknowledged, Applied, Apply, Binding, FencedOff, FieldConstraint, Load, LoadColumns, Loaded,
     LoadedColumns, MaterializationError, Open, Opened, Spec, SpecResponse, StartedCommit, Store, StoreColumns,
     Validate, Validated, ValidatedBinding, field_constraint)
+from headrace.store.quarantine import ensure_quarantine_table, quarantine_entries, record_quarantined, refused_rows
 from headrace.store.table_types import arrow_type as exact_arrow_type
 from headrace.store.table_types import document_select_sql, is_exact_store_type
 from headrace.store.table_types import to_arrow as exact_to_arrow
@@ -153,10 +154,14 @@ class _BindingPlan:
             arrays[c.name] = _arrow_array(c, [s.values[i] for s in stores])
         return pa.table(arrays)
 
-    def columnar_table(self, cursor: duckdb.DuckDBPyConnection, table: pa.Table, keys_only: bool = False) -> pa.Table:
+    def columnar_table(self, cursor: duckdb.DuckDBPyConnection, table: pa.Table, keys_only: bool = False,
+                       refused: list[list[Any]] | None = None) -> pa.Table:
         """A StoreColumns table in the staged form of `rows_table`: the binding's columns in order, each cast to its
         Arrow type (int64 microseconds -> timestamp; an absent value column -> NULLs); JSON text is validated and
-        normalized by DuckDB's json() (as the JSON path's orjson would print the parsed value)."""
+        normalized by DuckDB's json() (as the JSON path's orjson would print the parsed value).
+
+        `refused` (a source's rows): instead of failing the whole table on JSON the store refuses, the refused rows
+        are found by bisection, left out, and appended there as quarantine entries (store/quarantine.py)."""
         columns = self.keys if keys_only else self.columns
         arrays: dict[str, pa.Array | pa.ChunkedArray] = {}
         json_columns = []
@@ -183,14 +188,21 @@ class _BindingPlan:
             return converted
         select = ", ".join(f"CAST(json({quote_ident(c.name)}) AS VARCHAR) AS {quote_ident(c.name)}"
                            if c.name in json_columns else quote_ident(c.name) for c in columns)
-        cursor.register(_COLUMNAR, converted)
         try:
-            result = cursor.execute(f"SELECT {select} FROM {_COLUMNAR}").fetch_arrow_table()
+            result = _convert_json(cursor, select, converted)
         except (duckdb.ConversionException, duckdb.InvalidInputException) as exc:
-            raise DataError(f"a JSON column of {self.table} holds text that is not JSON: {exc}") from exc
-        finally:
-            cursor.unregister(_COLUMNAR)
+            if refused is None or "log_offset" not in converted.column_names:
+                raise DataError(f"a JSON column of {self.table} holds text that is not JSON: {exc}") from exc
+            bad = refused_rows(lambda part: _convert_json(cursor, select, part), converted, _JSON_REFUSALS)
+            refused.extend(quarantine_entries(converted, bad))
+            kept = converted.filter(pa.array([index not in bad for index in range(converted.num_rows)]))
+            result = _convert_json(cursor, select, kept)
         return result.cast(converted.schema)
+
+    @property
+    def is_source_rows(self) -> bool:
+        """A webhook source's table (keyed by log offset): rows the store refuses are quarantined, not fatal."""
+        return self.binding.key == ("log_offset",) and self.binding.resource_path[-1].startswith("source_")
 
     def loaded(self, binding_index: int, table: pa.Table) -> list[Loaded]:
         """Loaded documents from the load query's Arrow result, converted column by column (fewer Python calls
@@ -204,6 +216,17 @@ class _BindingPlan:
         names = [c.name for c in self.columns]
         key_count = len(self.keys)
         return [Loaded(binding_index, list(row[:key_count]), dict(zip(names, row))) for row in zip(*columns)]
+
+
+_JSON_REFUSALS = (duckdb.ConversionException, duckdb.InvalidInputException)
+
+
+def _convert_json(cursor: duckdb.DuckDBPyConnection, select: str, table: pa.Table) -> pa.Table:
+    cursor.register(_COLUMNAR, table)
+    try:
+        return cursor.execute(f"SELECT {select} FROM {_COLUMNAR}").fetch_arrow_table()
+    finally:
+        cursor.unregister(_COLUMNAR)
 
 
 def _columnar_load_sql(plan: _BindingPlan) -> str:
@@ -270,6 +293,7 @@ class ServingTransactor:
         self._key_range = (0, 0)
         self._fence = 0
         self._staged: dict[int, _StagedRows] = {}  # per binding index
+        self._refused: list[list[Any]] = []  # source rows the store refused in this transaction: quarantined
 
     def open(self, open: Open) -> Opened:
         self._plans = []
@@ -281,6 +305,7 @@ class ServingTransactor:
         self._name = open.spec.name
         self._key_range = (open.key_begin, open.key_end)
         self._cursor = cursor = self._store.cursor()
+        ensure_quarantine_table(cursor)  # where record_quarantined writes (DDL kept out of the commits)
         cursor.begin()
         try:
             checkpoint = self._fence_off_others(cursor)
@@ -375,17 +400,20 @@ class ServingTransactor:
                                          (message.rows, staged.new_rows, False),
                                          (message.updated, staged.existing_rows, False)):
             if table is not None and table.num_rows:
-                target.append(plan.columnar_table(cursor, table, keys_only))
+                refused = self._refused if plan.is_source_rows and not keys_only else None
+                target.append(plan.columnar_table(cursor, table, keys_only, refused))
 
     def start_commit(self, runtime_checkpoint: dict[str, Any]) -> StartedCommit:
         """Commit staged Stores and the checkpoint in one transaction, checkpoint (fence check) last."""
         cursor = self._active()
         staged, self._staged = self._staged, {}
+        refused, self._refused = self._refused, []
         timestamp = self._store.next_commit_timestamp()
         cursor.begin()
         try:
             for binding_index, stores in staged.items():
                 self._apply_stores(cursor, self._plans[binding_index], stores, timestamp)
+            record_quarantined(cursor, self._name, runtime_checkpoint, refused)  # rows set aside, if any
             updated = cursor.execute(
                 f"UPDATE {CHECKPOINTS_TABLE} SET checkpoint = ?, committed_at = ? "
                 "WHERE materialization = ? AND key_begin = ? AND key_end = ? AND fence = ?",

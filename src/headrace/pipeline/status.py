@@ -1,0 +1,84 @@
+"""Each source's pipeline state, visible in SQL as `headrace_internal.source_status` (store/system_tables.py):
+
+    source          text         "schema.name"
+    materialization text         source_<id>
+    state           text         running | failing (no batch committed since its last error) | starting
+    failures        bigint       failed starts and stopped queries since the pipeline process started
+    last_error      text         the last failure, one line (the driver's error, or the query's exception)
+    last_error_at   timestamptz  when it was seen
+    last_batch_at   timestamptz  when its last batch was handed to the store
+
+The pipeline process sends a report over its control connection whenever it changes (`report`, in the process;
+`PipelineStatus.update`, in the server). Only the server's memory holds it: after a restart the pipeline reports
+again within a second of starting each source. A failing source still takes webhooks (the log decouples them);
+this relation is where that shows."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+STATUS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("source", "VARCHAR"), ("materialization", "VARCHAR"), ("state", "VARCHAR"), ("failures", "BIGINT"),
+    ("last_error", "VARCHAR"), ("last_error_at", "TIMESTAMPTZ"), ("last_batch_at", "TIMESTAMPTZ"),
+)
+MAX_ERROR_CHARS = 500
+_FIELDS = [name for name, _ in STATUS_COLUMNS]
+# The Python exception line of a traceback that crossed py4j ("headrace.materialize.runtime.DriverError: ...").
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception|Off)): (.+)$")
+
+
+def one_line_error(error: BaseException | str | None) -> str | None:
+    """A failure as one readable line: the innermost Python exception of a Spark query's error when there is one
+    (its message carries Java and Python stack traces), else the first line; at most MAX_ERROR_CHARS."""
+    if error is None:
+        return None
+    text = str(error)
+    found = [match for line in text.splitlines() if (match := _EXCEPTION_LINE.match(line.strip()))]
+    line = f"{found[-1].group(1)}: {found[-1].group(2)}" if found else (text.strip().splitlines() or [""])[0]
+    return line[:MAX_ERROR_CHARS]
+
+
+def status_row(source: str, materialization: str, failures: int, last_error: str | None,
+               last_error_at: float | None, last_batch_at: float | None, started: bool) -> dict[str, Any]:
+    """One source's report (times in seconds since the epoch)."""
+    if not started:
+        state = "failing" if last_error_at is not None else "starting"
+    elif last_error_at is not None and (last_batch_at is None or last_batch_at < last_error_at):
+        state = "failing"
+    else:
+        state = "running"
+    return {"source": source, "materialization": materialization, "state": state, "failures": failures,
+            "last_error": last_error, "last_error_at": last_error_at, "last_batch_at": last_batch_at}
+
+
+class PipelineStatus:
+    """The server's copy of the pipeline's latest report (thread-safe: read by queries on other threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rows: list[dict[str, Any]] = []
+
+    def update(self, rows: Iterable[dict[str, Any]]) -> None:
+        with self._lock:
+            self._rows = [dict(row) for row in rows]
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(row) for row in self._rows]
+
+    def get(self, materialization: str) -> dict[str, Any] | None:
+        with self._lock:
+            return next((dict(row) for row in self._rows if row.get("materialization") == materialization), None)
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        with self._lock:
+            rows = sorted(self._rows, key=lambda row: str(row.get("source")))
+        return [tuple(_microseconds(row.get(name)) if name.endswith("_at") else row.get(name) for name in _FIELDS)
+                for row in rows]
+
+
+def _microseconds(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds * 1_000_000)

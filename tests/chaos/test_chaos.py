@@ -15,8 +15,7 @@ import psycopg
 import pytest
 
 from tests.e2e.server_process import HeadraceProcess
-from tests.e2e.test_sink_faults import (PG_SCHEMA, PG_SECRET, PG_SINK, PG_TABLE, SOURCE, VIEW, Background, Targets,
-                                        Traffic)
+from tests.e2e.test_sink_faults import (PG_SCHEMA, Background, Targets, Traffic, create_source_view_and_sinks)
 from tests.real_servers.postgres import PostgresCluster
 
 pytestmark = pytest.mark.e2e
@@ -36,12 +35,7 @@ def test_kill_9_during_retrying_senders(tmp_path: Path) -> None:
         targets = Targets(process, traffic, pg_dsn, parquet_dir=None)
         try:
             process.start()
-            with psycopg.connect(process.dsn, autocommit=True) as conn:
-                for statement in (SOURCE, VIEW, f"CREATE SECRET {PG_SECRET} AS '{pg_dsn}'",
-                                  f"CREATE CONNECTION chaos_pg TO POSTGRES (URL = SECRET {PG_SECRET})",
-                                  f"CREATE SINK {PG_SINK} FROM agg INTO POSTGRES (CONNECTION chaos_pg, "
-                                  f"TABLE '{PG_SCHEMA}.{PG_TABLE}')"):
-                    conn.execute(statement)
+            create_source_view_and_sinks(process, pg_dsn, parquet_dir=None)
             restarts: list[float] = []
             with Background(traffic):  # posts bursts throughout, the dead server's refusals included
                 for kill in range(kills):

@@ -361,6 +361,18 @@ def open_zombie(hosted: HostedDriver, spec: MaterializationSpec, recovery_log: R
     return runtime
 
 
+def create_source_view_and_sinks(process: HeadraceProcess, pg_dsn: str, parquet_dir: Path | None) -> None:
+    """The source, its GROUP BY view, a POSTGRES sink of the view and (with `parquet_dir`) a PARQUET one."""
+    statements = [SOURCE, VIEW, f"CREATE SECRET {PG_SECRET} AS '{pg_dsn}'",
+                  f"CREATE CONNECTION chaos_pg TO POSTGRES (URL = SECRET {PG_SECRET})",
+                  f"CREATE SINK {PG_SINK} FROM agg INTO POSTGRES (CONNECTION chaos_pg, TABLE '{PG_SCHEMA}.{PG_TABLE}')"]
+    if parquet_dir is not None:
+        statements.append(f"CREATE SINK {PARQUET_SINK} FROM agg INTO PARQUET (PATH '{parquet_dir}', BUCKETS 4)")
+    with psycopg.connect(process.dsn, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
 # ---------------------------------------------------------------------------------------------- the test
 
 
@@ -378,14 +390,7 @@ def test_sinks_survive_kill_9_and_fence_off_zombies(tmp_path: Path,
         targets = Targets(process, traffic, pg_dsn, parquet_dir)
         try:
             process.start()
-            with psycopg.connect(process.dsn, autocommit=True) as conn:
-                for statement in (SOURCE, VIEW, f"CREATE SECRET {PG_SECRET} AS '{pg_dsn}'",
-                                  f"CREATE CONNECTION chaos_pg TO POSTGRES (URL = SECRET {PG_SECRET})",
-                                  f"CREATE SINK {PG_SINK} FROM agg INTO POSTGRES (CONNECTION chaos_pg, "
-                                  f"TABLE '{PG_SCHEMA}.{PG_TABLE}')",
-                                  f"CREATE SINK {PARQUET_SINK} FROM agg INTO PARQUET (PATH '{parquet_dir}', "
-                                  "BUCKETS 4)"):
-                    conn.execute(statement)
+            create_source_view_and_sinks(process, pg_dsn, parquet_dir)
 
             kill_while_busy(process, traffic, rng, restart_env=failpoint_env(rng))
             left_to_apply = kill_through_failpoint(process, traffic, parquet_dir)

@@ -196,7 +196,8 @@ def test_grants_make_each_action_work_and_revoke_takes_it_away(server: HeadraceP
     admin.execute("REVOKE INSERT ON hooks FROM alice")
     for statement in (f"SELECT * FROM read_blob('{server.data_dir / 'secrets.json'}')",
                       "SELECT * FROM query_table('accounts')"):
-        refused(admin, statement)  # superusers too: headrace does not offer them
+        with pytest.raises(psycopg.errors.UndefinedFunction):  # superusers too: headrace does not offer them
+            admin.execute(statement)
 
     with pytest.raises(psycopg.errors.InvalidGrantOperation):
         admin.execute("GRANT USAGE ON accounts TO alice")  # PostgreSQL: invalid privilege type USAGE for table

@@ -14,11 +14,11 @@ up: $(STAMP)
 # Temporary directories of this checkout's own: pytest prunes old runs under /tmp/pytest-of-$USER, which
 # would delete the data directories of another checkout's run on the same machine.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp
+	$(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp --durations=25
 
-# The fuzz suite for minutes instead of make test's seconds; HEADRACE_FUZZ_SEED=<n> replays a run.
+# The fuzz suite for minutes instead of make test's seconds, on a fresh seed; HEADRACE_FUZZ_SEED=<n> replays a run.
 fuzz: $(STAMP)
-	HEADRACE_FUZZ_SECONDS=$${HEADRACE_FUZZ_SECONDS:-180} $(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp -s tests/fuzz
+	HEADRACE_FUZZ_SECONDS=$${HEADRACE_FUZZ_SECONDS:-180} HEADRACE_FUZZ_SEED=$${HEADRACE_FUZZ_SEED:-random} $(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp -s tests/fuzz
 
 # 20 kill -9 during 5 minutes of retrying senders into a source, a view and a POSTGRES sink (tests/chaos).
 chaos: $(STAMP)

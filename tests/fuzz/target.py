@@ -23,13 +23,18 @@ RSS_GROWTH_BOUND_MB = 300  # what a fuzz run may add to the server's resident me
 
 
 def seconds_per_target() -> float:
-    """HEADRACE_FUZZ_SECONDS: 20 s per fuzzer in `make test`, minutes in `make fuzz`."""
-    return float(os.environ.get("HEADRACE_FUZZ_SECONDS", "20"))
+    """HEADRACE_FUZZ_SECONDS: 10 s per fuzzer in `make test`, minutes in `make fuzz`."""
+    return float(os.environ.get("HEADRACE_FUZZ_SECONDS", "10"))
+
+
+DEFAULT_SEED = "20261127"  # `make test` replays the same inputs (the first ones, as far as its time allows)
 
 
 def seeded_random(name: str) -> tuple[random.Random, int]:
-    """HEADRACE_FUZZ_SEED replays a run; otherwise a fresh seed, printed by the test on failure."""
-    seed = int(os.environ.get("HEADRACE_FUZZ_SEED", str(random.SystemRandom().getrandbits(32))))
+    """HEADRACE_FUZZ_SEED=<n> replays a run, `random` (what `make fuzz` uses) draws a fresh seed, printed by the
+    test on failure; by default the fixed DEFAULT_SEED, so that CI does not fail on a finding it was never shown."""
+    given = os.environ.get("HEADRACE_FUZZ_SEED", DEFAULT_SEED)
+    seed = random.SystemRandom().getrandbits(32) if given == "random" else int(given)
     return random.Random(f"{seed}:{name}"), seed
 
 

@@ -5,6 +5,7 @@ recursive-descent parser as SELECT, through overrides of sqlglot's statement ent
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,10 @@ from headrace.sql import limits
 from headrace.sql.ast import DropObject, ShowCreateObject, ShowObjects, ShowVariable
 from headrace.sql.role_statements import parse_alter_role, parse_create_role, parse_drop_role, parse_grant
 from headrace.sql.sink_grammar import SinkGrammar
+
+# sqlglot warns with the statement's text when it falls back to an opaque Command: client bytes in the server's
+# log (issue 20). What it could not parse is answered to the client instead.
+logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 OBJECT_KINDS = {"SOURCE": "source", "SOURCES": "source"}
 

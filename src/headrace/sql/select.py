@@ -3,6 +3,8 @@ would, infer parameter types, and translate to the serving store's dialect (Duck
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -85,10 +87,32 @@ def plan_select(ast: exp.Expr, relation_exists: RelationResolver, declared_param
     translator.translate(ast)
     _use_store_functions(ast)
     untyped = _untyped_parameters(ast, param_types, declared_param_types)
+    _check_unicode_escapes(ast)
     return SelectPlan(duckdb_sql=ast.sql(dialect="duckdb"), column_names=tuple(names), param_types=param_types,
                       session_inputs=tuple(translator.session_inputs),
                       reads_system_catalog=reads_system_catalog or translator.reads_system_catalog,
                       relations=tuple(dict.fromkeys(relations)), param_probe=_parameter_probe(ast, untyped) if untyped and not translator.session_inputs else None)
+
+
+_UNICODE_ESCAPE = re.compile(r"\\(\\|[0-9A-Fa-f]{4}|\+[0-9A-Fa-f]{6})")
+
+
+def _check_unicode_escapes(ast: exp.Expr) -> None:
+    """U&'...' literals as PostgreSQL reads them: a surrogate must be half of a pair (42601 "invalid Unicode
+    surrogate pair"), and no escape may be NUL or beyond U+10FFFF (42601 "invalid Unicode escape value")."""
+    for literal in ast.find_all(exp.UnicodeString):
+        pending_high = False
+        for match in _UNICODE_ESCAPE.finditer(literal.name):
+            if match.group(1) == "\\":
+                continue
+            code = int(match.group(1).lstrip("+"), 16)
+            if code == 0 or code > 0x10FFFF:
+                raise HeadraceError("invalid Unicode escape value", sqlstate="42601")
+            if pending_high != (0xDC00 <= code <= 0xDFFF):
+                raise HeadraceError("invalid Unicode surrogate pair", sqlstate="42601")
+            pending_high = 0xD800 <= code <= 0xDBFF
+        if pending_high:
+            raise HeadraceError("invalid Unicode surrogate pair", sqlstate="42601")
 
 
 def _check_target_lists(ast: exp.Expr) -> None:

@@ -229,17 +229,23 @@ class _Parser:
         return DeclareCursor(this=name, hold=hold, binary=binary, statement=self._parse_statement(statement_sql),
                              statement_sql=statement_sql)
 
+    def _fetch_count(self) -> int:
+        """FETCH's count: an integer, as PostgreSQL's grammar takes it (`FETCH 1.5 c` is a syntax error there)."""
+        if not self._current.text.isdigit():  # type: ignore[union-attr]
+            self._error()
+        return int(self._advance().text)
+
     def _parse_fetch(self) -> exp.Expr:
         count: int | None = 1
         if self._match("FORWARD") or self._match("NEXT"):
             if self._match("ALL"):
                 count = None
             elif self._current is not None and self._current.token_type == TokenType.NUMBER:
-                count = int(self._advance().text)
+                count = self._fetch_count()
         elif self._match("ALL"):
             count = None
         elif self._current is not None and self._current.token_type == TokenType.NUMBER:
-            count = int(self._advance().text)
+            count = self._fetch_count()
         elif self._peek_word() in ("PRIOR", "FIRST", "LAST", "ABSOLUTE", "RELATIVE", "BACKWARD"):
             raise FeatureNotSupported("cursor can only scan forward",
                                       hint="Declare it with SCROLL option to enable backward scan.",

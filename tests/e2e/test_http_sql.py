@@ -66,6 +66,16 @@ def test_bad_requests_are_400_and_options_set_variables(server: HeadraceProcess)
     assert status == 200 and body["results"][0]["rows"] == [["from-http"]]
     status, body = asyncio.run(post(server, {"query": "COPY (SELECT 1) TO STDOUT"}))
     assert body["results"][0]["error"]["code"] == "0A000"
+    assert asyncio.run(post_raw(server, b"not gzip", {"Content-Encoding": "gzip"})) == (400, "request body could "
+                                                                                          "not be decoded")
+
+
+async def post_raw(server: HeadraceProcess, data: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    """A JSON-typed POST whose body is given as bytes (the fuzz suite found a bad gzip body answered 500)."""
+    async with aiohttp.ClientSession(auto_decompress=False) as http:
+        async with http.post(f"http://127.0.0.1:{server.http_port}/api/sql", data=data,
+                             headers={"Content-Type": "application/json", **headers}) as response:
+            return response.status, await response.text()
 
 
 def test_websocket_session(server: HeadraceProcess) -> None:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import WSMsgType, web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from headrace.coordinator.responses import (
     Column,
@@ -366,6 +368,8 @@ async def _run_http_sql(request: web.Request, verdict: OriginVerdict) -> web.Str
         user, password = _credentials_of(request)
     except BodyTimeout:
         return request_timeout()
+    except (RequestPayloadError, HttpProcessingError):  # a Content-Encoding whose body does not decode
+        return web.Response(status=400, text="request body could not be decoded")
     except (BadRequest, ValueError) as exc:
         return web.Response(status=400, text=str(exc) if isinstance(exc, BadRequest) else "request body is not JSON")
     try:

@@ -44,7 +44,7 @@ from headrace.sink.runner import sink_spec
 from headrace.sql.sink_statements import connection_from_create_sql, sink_from_create_sql
 from headrace.sql.view_serving import INTERNAL_SCHEMA
 from tests.e2e.server_process import HeadraceProcess
-from tests.e2e.webhook_client import post_all_acknowledged
+from tests.e2e.webhook_client import post_all_acknowledged, post_webhook
 from tests.materialize.drivers.conftest import HostedDriver
 from tests.real_servers.postgres import PostgresCluster
 
@@ -238,7 +238,11 @@ class Targets:
         """Post the unanswered webhooks until answered, then wait until everything agrees."""
         deadline = time.monotonic() + 60
         while self.traffic.unanswered:
-            assert time.monotonic() < deadline, f"{len(self.traffic.unanswered)} webhooks never answered 200"
+            if time.monotonic() > deadline:
+                sample = self.traffic.intended[min(self.traffic.unanswered)]
+                answer = post_webhook(self.traffic.url, json.dumps(sample).encode())
+                raise AssertionError(f"{len(self.traffic.unanswered)} webhooks never answered 200; one of them now "
+                                     f"gets {answer.status_code} {answer.text[:300]!r}")
             bodies = [self.traffic.intended[event_id] for event_id in sorted(self.traffic.unanswered)]
             for body, answered in zip(bodies, asyncio.run(post_all_acknowledged(self.traffic.url, bodies))):
                 if answered:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class HeadraceError(Exception):
@@ -126,3 +128,16 @@ def error_for_os_error(error: OSError) -> HeadraceError | None:
     hint = "Check free disk space." if sqlstate == "53100" else None
     cls = DiskFull if sqlstate == "53100" else HeadraceError
     return cls(f"could not write file{where}: {reason}", sqlstate=sqlstate, hint=hint, http_status=503)
+
+
+@contextmanager
+def io_faults_as_errors() -> Iterator[None]:
+    """Around a statement's execution, for every front end: an OSError that is an I/O fault leaves as its
+    PostgreSQL error (error_for_os_error); any other exception passes unchanged."""
+    try:
+        yield
+    except OSError as error:
+        mapped = error_for_os_error(error)
+        if mapped is None:
+            raise
+        raise mapped from error

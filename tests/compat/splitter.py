@@ -140,29 +140,12 @@ def split(script: str) -> list[Statement]:
         if char == "'":
             escaped = not standard_strings or (
                 i > 0 and script[i - 1] in "eE" and (i < 2 or not _is_identifier_char(script[i - 2])))
-            j = i + 1
-            while j < n:
-                if escaped and script[j] == "\\":
-                    j += 2
-                    continue
-                if script[j] == "'":
-                    if script.startswith("''", j):
-                        j += 2
-                        continue
-                    break
-                j += 1
+            j = _closing_quote(script, i, "'", backslash_escapes=escaped)
             take(script[i:j + 1])
             i = j + 1
             continue
         if char == '"':
-            j = i + 1
-            while j < n:
-                if script[j] == '"':
-                    if script.startswith('""', j):
-                        j += 2
-                        continue
-                    break
-                j += 1
+            j = _closing_quote(script, i, '"', backslash_escapes=False)
             take(script[i:j + 1])
             i = j + 1
             continue
@@ -260,3 +243,20 @@ def _skip_copy_data(script: str, position: int, line: int) -> tuple[int, int]:
     match = terminator.search(script, position)
     end = len(script) if match is None else match.end()
     return end, line + script.count("\n", position, end)
+
+
+def _closing_quote(script: str, start: int, quote: str, *, backslash_escapes: bool) -> int:
+    """Where the quoted text opened at `start` ends (a doubled quote is one character; with `backslash_escapes`,
+    a backslash escapes what follows); len(script) if it never does."""
+    j = start + 1
+    while j < len(script):
+        if backslash_escapes and script[j] == "\\":
+            j += 2
+            continue
+        if script[j] == quote:
+            if script.startswith(quote * 2, j):
+                j += 2
+                continue
+            return j
+        j += 1
+    return j

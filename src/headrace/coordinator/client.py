@@ -25,7 +25,7 @@ from headrace.coordinator.session import (
     TransactionStatus,
     default_variables,
 )
-from headrace.errors import HeadraceError, InternalError
+from headrace.errors import HeadraceError, InternalError, io_faults_as_errors
 from headrace.pgwire.types.time_zone import bind_session_variables
 from headrace.catalog.items import DEFAULT_DATABASE
 from headrace.sql import limits
@@ -134,7 +134,7 @@ class SessionClient:
         self._cancel = cancel
         streaming = False
         try:
-            with self._possession():
+            with self._possession(), io_faults_as_errors():
                 response = await self._coordinator.execute(self._session, found, max_rows, cancel)
                 if isinstance(response, Fetch):
                     return await fetch_rows(self._coordinator, self._session, response, cancel)
@@ -149,7 +149,7 @@ class SessionClient:
                           cancel: asyncio.Event | None = None) -> CommandComplete:
         """The rows a COPY FROM STDIN sent, decoded by the protocol layer (seed 004's CopyRows);
         the COPY finishes here: CommandComplete("COPY n")."""
-        with self._possession():
+        with self._possession(), io_faults_as_errors():
             count = await self._coordinator.session_sql.targets.insert_rows(
                 self._session, target.target, target.columns, rows)
         return CommandComplete(f"COPY {count}")

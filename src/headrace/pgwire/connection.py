@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from headrace.errors import HeadraceError, ProtocolViolation, error_for_os_error
+from headrace.errors import HeadraceError, ProtocolViolation
 from headrace.pgwire import messages
 from headrace.pgwire.copy import CopyIn, Flush
 from headrace.pgwire.direct_lane import answer_bound_group, answer_simple_query
@@ -440,8 +440,5 @@ class PgConnection:
 def _as_headrace_error(exc: BaseException) -> HeadraceError:
     if isinstance(exc, HeadraceError):
         return exc
-    if isinstance(exc, OSError) and (io_fault := error_for_os_error(exc)) is not None:
-        logger.warning("%s (%s)", io_fault.message, io_fault.sqlstate)
-        return io_fault
     logger.error("internal error in pgwire", exc_info=exc)
     return HeadraceError(f"internal error: {type(exc).__name__}: {exc}", sqlstate="XX000")

@@ -96,6 +96,10 @@ def test_disk_full_refuses_then_recovers_by_itself(small_filesystem: Path) -> No
             conn.execute("CREATE MATERIALIZED VIEW ev_count AS SELECT count(*) AS n FROM ev")
             conn.execute("CREATE TABLE t (a int)")
             conn.execute("INSERT INTO t VALUES (0)")
+            # The table's pipeline has applied its first write before the disk fills: a materialization whose
+            # commit fails on a full disk is not retried yet (issue 20, open), which this test does not cover.
+            wait_for(lambda: conn.execute("SELECT a FROM t").fetchall() == [(0,)], timeout=120,
+                     message="the table's first write applied")
         url = process.webhook_url("ev")
         acknowledged: set[int] = set()
         sent = 0

@@ -42,14 +42,15 @@ def free_bytes(path: Path) -> int:
 
 def fill(ballast: Path, leave_bytes: int) -> None:
     """Grow `ballast` until at most `leave_bytes` are free (written, not sparse: tmpfs counts written pages)."""
-    with open(ballast, "ab") as file:
-        block = b"\0" * (1 << 20)
-        while free_bytes(ballast.parent) > leave_bytes + len(block):
-            try:
-                file.write(block)
-                file.flush()
-            except OSError:
-                break
+    with open(ballast, "ab", buffering=0) as file:
+        size = 1 << 20
+        while size >= 4096:  # whole MiBs first, then ever smaller blocks down to a page: nothing left but `leave_bytes`
+            while free_bytes(ballast.parent) >= leave_bytes + size:
+                try:
+                    file.write(b"\0" * size)
+                except OSError:
+                    break
+            size //= 2
 
 
 def post(url: str, first: int, count: int) -> dict[int, int]:

@@ -129,7 +129,7 @@ class ScriptedSession:
     async def split_statements_off_loop(self, sql: str) -> list[str]:
         return self.split_statements(sql)
 
-    async def prepare(self, name: str, sql: str, param_types: Sequence[int]) -> None:
+    async def prepare(self, name: str, sql: str, param_types: Sequence[int], *, describe: bool = True) -> None:
         self.calls.append(f"prepare {name!r} {sql}")
         if name and name in self.statements:
             raise HeadraceError(f'prepared statement "{name}" already exists', sqlstate="42P05")
@@ -148,7 +148,8 @@ class ScriptedSession:
         statement = self._statement(name)
         return StatementDescription(statement.param_types, statement.columns)
 
-    def bind(self, portal: str, statement: str, params: Sequence[object]) -> None:
+    def bind(self, portal: str, statement: str, params: Sequence[object],
+             result_formats: Sequence[int] = ()) -> None:
         self.calls.append(f"bind {portal!r} {statement!r} {list(params)!r}")
         planned = self._statement(statement)
         self.portals[portal] = self._run(planned, list(params))

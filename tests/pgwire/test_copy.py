@@ -42,13 +42,14 @@ class CopySession(ScriptedSession):
 
     inserted: list[list[tuple[Any, ...]]] = field(default_factory=list)
 
-    async def prepare(self, name: str, sql: str, param_types: Sequence[int]) -> None:
+    async def prepare(self, name: str, sql: str, param_types: Sequence[int], *, describe: bool = True) -> None:
         if sql.startswith("COPY"):
             self.statements[name] = Statement(sql, (), None)
             return
         await super().prepare(name, sql, param_types)
 
-    def bind(self, portal: str, statement: str, params: Sequence[object]) -> None:
+    def bind(self, portal: str, statement: str, params: Sequence[object],
+             result_formats: Sequence[int] = ()) -> None:
         sql = self._statement(statement).sql
         if sql.startswith("COPY out"):
             options = CopyOptions.parse({"format": sql.split()[-1]}, direction="to")

@@ -76,7 +76,9 @@ class SessionClient:
         limits.check_size(sql)  # refused at once, without a thread hop
         return await off_loop(_checked_split, sql)
 
-    async def prepare(self, name: str, sql: str, param_types: Sequence[int]) -> None:
+    async def prepare(self, name: str, sql: str, param_types: Sequence[int], *, describe: bool = True) -> None:
+        """`describe` False: the caller does not need the statement's columns before running it (the simple query
+        protocol), so a statement for the store PostgreSQL is not described there first (one round trip less)."""
         if name and name in self._session.statements:
             raise HeadraceError(f'prepared statement "{name}" already exists', sqlstate="42P05")
         with self._possession():
@@ -85,7 +87,8 @@ class SessionClient:
                 limits.check_size(sql)
                 ast = await off_loop(parse_client_statement, sql)
             try:
-                statement = await self._coordinator.prepare(self._session, name, sql, param_types, ast=ast)
+                statement = await self._coordinator.prepare(self._session, name, sql, param_types, ast=ast,
+                                                            describe=describe)
             except RecursionError:
                 raise limits.StackDepthExceeded() from None  # planning an expression sqlglot barely parsed
         self._session.statements[name] = statement
@@ -115,8 +118,10 @@ class SessionClient:
     def describe_statement(self, name: str) -> StatementDescription:
         return self._session.get_statement(name).description
 
-    def bind(self, portal: str, statement: str, params: Sequence[object]) -> None:
-        self._session.set_portal(portal, self._session.get_statement(statement), params)
+    def bind(self, portal: str, statement: str, params: Sequence[object], result_formats: Sequence[int] = ()) -> None:
+        """`params`: Python values, or (format code, bytes) pairs for a statement whose description says
+        raw_parameters."""
+        self._session.set_portal(portal, self._session.get_statement(statement), params, result_formats)
 
     async def declare(self, portal: str, sql: str, params: Sequence[object]) -> None:
         """Prepare and bind in one step, without naming the statement (seed 004's declare)."""
@@ -172,6 +177,7 @@ class SessionClient:
 
     async def terminate(self) -> None:
         self._session.close_all_cursors()  # a subscription behind a cursor stops with its session
+        self._coordinator.close_session(self._session)  # its store backend connection
         self._adapter._forget(self)
 
     def _possession(self) -> _Possession:

@@ -9,7 +9,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
 
@@ -39,6 +39,7 @@ from headrace.coordinator.grants import execute_grant, role_dependents
 from headrace.coordinator.privileges import Privileges, referenced_tables
 from headrace.coordinator.roles import ROLE_STATEMENTS, execute_role_statement
 from headrace.coordinator.session_sql import SESSION_STATEMENTS, SessionStatements
+from headrace.coordinator.passthrough import Passthrough, is_temporary_table, mentions_headrace, takes_unparsed
 from headrace.coordinator.subscribe import Subscriptions
 from headrace.coordinator.fast_path import FastPath, FastStatement
 from headrace.coordinator import indexes as index_ddl
@@ -54,16 +55,20 @@ from headrace.errors import (
     FeatureNotSupported,
     HeadraceError,
     QueryCanceled,
+    SyntaxError_,
     UndefinedObject,
 )
 from headrace.sql.ast import GrantPrivileges, SavepointStatement, ShowObjects, SubscribeStatement
 from headrace.sql.limits import off_loop
 from headrace.sql.parser import parse_client_statement, parse_statement
-from headrace.sql.table_statements import is_write, write_target
+from headrace.sql.table_statements import is_create_table, is_write, write_target
 from headrace.sql.select import is_query, plan_select, refuse_store_only_functions
 from headrace.sql.types import TEXT_OID
 from headrace.store.query import describe_query, probe_parameter_types, run_query, session_parameters
 from headrace.store.system_tables import SystemRelation, SystemTables
+
+if TYPE_CHECKING:
+    from headrace.store.postgres_server import PostgresStore
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +81,7 @@ class Coordinator:
                  on_sources_changed: Callable[[list[WebhookSource]], None],
                  roles: RoleCatalog | None = None, system_tables: SystemTables | None = None,
                  on_views_changed: Callable[[list[MaterializedView]], None] | None = None,
-                 host_access: HostAccess | None = None) -> None:
+                 host_access: HostAccess | None = None, postgres: PostgresStore | None = None) -> None:
         self.catalog = catalog
         self.system_tables = system_tables  # headrace_internal.webhook_counters, ... (in-memory relations)
         self.roles = roles if roles is not None else RoleCatalog(None)  # CREATE ROLE; pg_roles reads list_roles()
@@ -126,11 +131,15 @@ class Coordinator:
         self.source_ddl.sinks = self.sinks
         if system_tables is not None:
             system_tables.add("sink_status", SystemRelation(STATUS_COLUMNS, self.sink_manager.status_rows))
+        # PostgreSQL's statements (not headrace's own) run on the store PostgreSQL (coordinator/passthrough.py)
+        self.postgres = postgres
+        self.passthrough = Passthrough(postgres, self.privileges.is_superuser) if postgres is not None else None
 
     # ---- prepare ------------------------------------------------------------------------------
     async def prepare(self, session: Session, name: str, sql: str, param_types: Sequence[int],
-                      ast: exp.Expr | None = None) -> PreparedStatement:
-        """`ast`: `sql` parsed already (a large statement, parsed off the event loop by coordinator/client.py)."""
+                      ast: exp.Expr | None = None, describe: bool = True) -> PreparedStatement:
+        """`ast`: `sql` parsed already (a large statement, parsed off the event loop by coordinator/client.py).
+        `describe` False: the columns are not needed before execution (see SessionClient.prepare)."""
         if not sql.strip().strip(";").strip():
             return PreparedStatement(sql=sql, ast=None, description=StatementDescription((), None))
         fingerprint = self.plan_cache.fingerprint()
@@ -139,7 +148,15 @@ class Coordinator:
             return cached
         parsed_off_loop = ast is not None
         if ast is None:
-            ast = parse_client_statement(sql)
+            try:
+                ast = parse_client_statement(sql)
+            except SyntaxError_ as refused:
+                if self.passthrough is None or refused.sqlstate != "42601" or not takes_unparsed(sql):
+                    raise
+                # syntax headrace does not know: PostgreSQL's to run or to refuse with its own error
+                return await self.passthrough.prepare(session, sql, param_types, None, describe=describe)
+        if self.passthrough is not None and self._is_postgres_statement(ast):
+            return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
         if isinstance(ast, SESSION_STATEMENTS):
             return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))
         if is_query(ast):
@@ -198,6 +215,25 @@ class Coordinator:
             return None  # execute() raises the 42501
         return self.fast_path.answer_now(statement, params)
 
+    def _is_postgres_statement(self, ast: exp.Expr) -> bool:
+        """Whether `ast` is PostgreSQL's to run on the store (coordinator/passthrough.py) rather than headrace's."""
+        if isinstance(ast, (*SESSION_STATEMENTS, SubscribeStatement, ShowObjects, GrantPrivileges, *ROLE_STATEMENTS)):
+            return False
+        if view_ddl.handles(ast) or is_source_ddl(ast) or sink_ddl.handles(ast):
+            return False
+        if index_ddl.handles(ast):
+            if isinstance(ast, exp.Drop):  # an index headrace keeps, or one of the store's
+                return all(self.indexes.catalog.find(t.db or "public", t.name) is None
+                           for t in ast.find_all(exp.Table))
+            return isinstance(ast, exp.Create) and not mentions_headrace(ast, self._relation_exists)
+        if is_create_table(ast) and not is_temporary_table(ast) and ast.expression is None:
+            return False  # a headrace table: its writes feed the pipeline
+        return not mentions_headrace(ast, self._relation_exists)
+
+    def close_session(self, session: Session) -> None:
+        if self.passthrough is not None:
+            self.passthrough.close(session)
+
     def _static_columns(self, ast: exp.Expr) -> tuple[Column, ...] | None:
         if index_ddl.handles(ast):
             return index_ddl.SHOW_COLUMNS if isinstance(ast, ShowObjects) else None
@@ -217,12 +253,19 @@ class Coordinator:
             return _next_rows(portal, max_rows)
         statement = portal.statement
         ast = statement.ast
-        if ast is None:
+        if ast is None and not statement.backend:
             return EmptyQuery()
         if session.transaction is TransactionStatus.FAILED and not isinstance(ast, (exp.Commit, exp.Rollback)) \
                 and not (isinstance(ast, SavepointStatement) and ast.args["action"] == "rollback_to"):
             raise HeadraceError("current transaction is aborted, commands ignored until end of transaction block",
                                 sqlstate=AbortedTransaction)
+        if statement.backend:  # PostgreSQL's statement (coordinator/passthrough.py)
+            assert self.passthrough is not None
+            response = await self.passthrough.execute(session, portal, cancel)
+            if isinstance(response, SendingRows):
+                return _next_rows(portal, max_rows, tag_verb=response.tag_verb, tag=response.tag)
+            return response
+        assert ast is not None
         if statement.plan is not None:  # SELECT, COPY (query) TO, a cursor's query, an index lookup
             self.privileges.require_relations(session.user, statement.plan.relations)
         elif isinstance(ast, SubscribeStatement):
@@ -254,6 +297,8 @@ class Coordinator:
                 response = await self.tables.execute(session, ast, statement.sql, portal.params)
             elif isinstance(ast, SESSION_STATEMENTS):
                 response = await self.session_sql.execute(session, ast, cancel)
+                if self.passthrough is not None:  # COMMIT, ROLLBACK, SAVEPOINT reach the store backend too
+                    await self.passthrough.after_session_statement(session, ast)
             else:
                 response = await self._execute_command(session, ast, statement.sql)
         finally:
@@ -339,7 +384,7 @@ class Coordinator:
             self.cursors.release(cursor, reusable)
 
 
-def _next_rows(portal: Portal, max_rows: int, tag_verb: str = "SELECT") -> SendingRows:
+def _next_rows(portal: Portal, max_rows: int, tag_verb: str = "SELECT", tag: str | None = None) -> SendingRows:
     assert portal.pending_rows is not None and portal.columns is not None
     if max_rows > 0 and len(portal.pending_rows) > max_rows:
         batch, portal.pending_rows = portal.pending_rows[:max_rows], portal.pending_rows[max_rows:]
@@ -348,4 +393,4 @@ def _next_rows(portal: Portal, max_rows: int, tag_verb: str = "SELECT") -> Sendi
     batch, portal.pending_rows = portal.pending_rows, []
     portal.rows_sent += len(batch)
     portal.finished = True
-    return SendingRows(portal.columns, batch, tag_verb)
+    return SendingRows(portal.columns, batch, tag_verb, tag=tag)

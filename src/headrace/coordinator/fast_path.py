@@ -391,7 +391,7 @@ class FastPath:
             return None
         cached = shape.statement
         values = tuple(literal_value(written) if i in shape.slots else None for i, written in enumerate(literals))
-        return FastStatement(sql, cached.ast, cached.description, cached.plan, cached.fast, values,
+        return FastStatement(sql, cached.ast, cached.description, cached.plan, fast=cached.fast, literals=values,
                              exact=sql == cached.sql, shape_sql=cached.sql)
 
     def learn(self, sql: str, param_types: Sequence[int], ast: exp.Expr, statement: PreparedStatement,
@@ -419,7 +419,7 @@ class FastPath:
         if fast is None:
             return statement
         values = tuple(literal_value(text) if i in used else None for i, text in enumerate(literal_texts))
-        result = FastStatement(sql, statement.ast, statement.description, statement.plan, fast, values, exact=True)
+        result = FastStatement(sql, statement.ast, statement.description, statement.plan, fast=fast, literals=values, exact=True)
         if normalized is not None:
             fixed = tuple((i, text) for i, text in enumerate(literal_texts) if i not in used)
             self._shapes[(normalized[0], tuple(param_types), fingerprint)] = _Shape(frozenset(used), fixed, result)

@@ -19,6 +19,9 @@ class Column:
     type_oid: int
     type_size: int = -1
     type_modifier: int = -1
+    # -1: the column's values are Python objects the protocol layer encodes. 0 or 1: they are already wire bytes,
+    # PostgreSQL's own text (0) or binary (1) form, as the store PostgreSQL sent them (coordinator/passthrough.py).
+    raw_format: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +32,9 @@ class StatementDescription:
 
     param_types: tuple[int, ...]
     columns: tuple[Column, ...] | None
+    # The statement runs on the store PostgreSQL (coordinator/passthrough.py), which decodes its parameters
+    # itself: the protocol layers bind them as (format code, bytes) pairs, as the client sent them.
+    raw_parameters: bool = False
 
 
 @dataclass(slots=True)
@@ -39,6 +45,11 @@ class SendingRows:
     rows: Sequence[tuple[Any, ...]]
     tag_verb: str = "SELECT"  # the CommandComplete tag is f"{tag_verb} {row count}"
     suspended: bool = False  # Execute hit max_rows and the portal has more rows (PortalSuspended)
+    tag: str | None = None  # the whole CommandComplete tag when it carries no row count (PostgreSQL's EXPLAIN)
+
+    @property
+    def command_tag(self) -> str:
+        return self.tag if self.tag is not None else f"{self.tag_verb} {len(self.rows)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ class PreparedStatement:
     ast: exp.Expr | None  # None for the empty statement
     description: StatementDescription
     plan: SelectPlan | None = None
+    backend: bool = False  # PostgreSQL's statement, run on the session's store backend (coordinator/passthrough.py)
 
 
 @dataclass(slots=True)
@@ -60,6 +61,7 @@ class Portal:
     declared_in_block: bool = False  # a ROLLBACK of that block drops even a WITH HOLD cursor
     # A portal over a streaming statement (SUBSCRIBE): FETCH draws from it.
     stream: SubscriptionBuffer | None = None
+    result_formats: tuple[int, ...] = ()  # Bind's result format codes (a store backend statement asks for them)
 
     def close(self) -> None:
         if self.stream is not None:
@@ -131,7 +133,8 @@ class Session:
             shown = "cursor" if name else "portal"
             raise UndefinedCursor(f'{shown} "{name}" does not exist') from None
 
-    def set_portal(self, name: str, statement: PreparedStatement, params: Sequence[Any]) -> Portal:
+    def set_portal(self, name: str, statement: PreparedStatement, params: Sequence[Any],
+                   result_formats: Sequence[int] = ()) -> Portal:
         """Bind a statement and its parameter values to a portal (seed 004's Session::set_portal).
         The unnamed portal is replaced; a named one must not exist yet (42P03)."""
         expected = len(statement.description.param_types)
@@ -142,7 +145,7 @@ class Session:
             raise HeadraceError(f'cursor "{name}" already exists', sqlstate="42P03")
         if not name:
             self.close_portal("")
-        portal = Portal(statement=statement, params=tuple(params))
+        portal = Portal(statement=statement, params=tuple(params), result_formats=tuple(result_formats))
         self.portals[name] = portal
         return portal
 

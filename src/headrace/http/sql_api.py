@@ -182,8 +182,12 @@ class RequestRun:
         if len(given) != len(description.param_types):
             raise HeadraceError(f"request supplies {len(given)} parameters, but the statement requires "
                                 f"{len(description.param_types)}", sqlstate="08P01")
-        values = [pg.decode_parameter(oid, pg.TEXT_FORMAT, None if value is None else value.encode())
-                  for oid, value in zip(description.param_types, given, strict=True)]
+        values: list[object]
+        if description.raw_parameters:  # the store PostgreSQL decodes them (coordinator/passthrough.py)
+            values = [(pg.TEXT_FORMAT, None if value is None else value.encode()) for value in given]
+        else:
+            values = [pg.decode_parameter(oid, pg.TEXT_FORMAT, None if value is None else value.encode())
+                      for oid, value in zip(description.param_types, given, strict=True)]
         self.session.bind(UNNAMED, UNNAMED, values)
         result = await self.session.execute(UNNAMED, 0, self.cancel)
         async for event in self._result(result):
@@ -193,11 +197,11 @@ class RequestRun:
         if isinstance(result, SendingRows):
             yield Event("CommandStarting", {"has_rows": True, "is_streaming": False})
             yield Event("Rows", describe(result.columns))
-            converters = [json_converter(column.type_oid) for column in result.columns]
+            converters = [json_converter(column.type_oid, column.raw_format) for column in result.columns]
             for row in result.rows:
                 yield Event("Row", [None if value is None else convert(value)
                                     for value, convert in zip(row, converters, strict=True)])
-            yield Event("CommandComplete", f"{result.tag_verb} {len(result.rows)}")
+            yield Event("CommandComplete", result.command_tag)
         elif isinstance(result, Subscribing):
             if not self.allow_streaming:
                 result.cancel()
@@ -268,8 +272,15 @@ def describe(columns: Sequence[Column]) -> dict[str, Any]:
                          "type_mod": column.type_modifier} for column in columns]}
 
 
-def json_converter(oid: int) -> Any:
-    """The function that turns a non-NULL value of this type into its JSON form."""
+def json_converter(oid: int, raw_format: int = -1) -> Any:
+    """The function that turns a non-NULL value of this type into its JSON form. `raw_format` 0: the value is
+    PostgreSQL's text of it (a statement the store PostgreSQL ran), given as JSON as Materialize gives it."""
+    if raw_format == pg.TEXT_FORMAT:
+        if oid == pg.BOOL:
+            return lambda value: value == b"t"
+        if oid in (pg.JSON, pg.JSONB):
+            return json.loads
+        return lambda value: value.decode()
     if oid == pg.BOOL:
         return bool
     if oid in (pg.JSON, pg.JSONB):

@@ -42,11 +42,15 @@ class ExtendedQueryHandler:
                 f'bind message supplies {parameter_count} parameters, but prepared statement '
                 f'"{message.statement}" requires {len(description.param_types)}')
         formats = resolve_formats(format_codes, parameter_count)
-        values = [decode_parameter(type_oid, format_code, data) for type_oid, format_code, data
-                  in zip(description.param_types, formats, message.params, strict=True)]
+        values: list[object]
+        if description.raw_parameters:  # the store PostgreSQL decodes them (and reports their errors)
+            values = list(zip(formats, message.params, strict=True))
+        else:
+            values = [decode_parameter(type_oid, format_code, data) for type_oid, format_code, data
+                      in zip(description.param_types, formats, message.params, strict=True)]
         # Validate the result formats now, as PostgreSQL does, rather than at the first Execute.
         resolve_formats(message.result_formats, len(description.columns or ()))
-        self._session.bind(message.portal, message.statement, values)
+        self._session.bind(message.portal, message.statement, values, message.result_formats)
         self._result_formats[message.portal] = message.result_formats
         out += messages.bind_complete()
 

@@ -29,7 +29,7 @@ async def run_simple_query(session: SessionClient, sql: str, out: bytearray, can
         out += messages.empty_query_response()
         return None
     for index, statement in enumerate(statements):
-        await session.prepare(UNNAMED, statement, ())
+        await session.prepare(UNNAMED, statement, (), describe=False)
         session.bind(UNNAMED, UNNAMED, ())
         result = await session.execute(UNNAMED, 0, cancel)
         if is_copy_response(result):  # COPY TO streams now; COPY FROM waits for the client's data

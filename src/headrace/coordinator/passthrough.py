@@ -1,0 +1,257 @@
+"""Statements that are PostgreSQL's, not headrace's, run on the store PostgreSQL (issue 16).
+
+headrace owns its DDL (sources, materialized views, sinks, indexes, secrets, connections, roles, grants), SUBSCRIBE,
+the session statements (SET, BEGIN, PREPARE, DECLARE, COPY, ...), its tables and every query over its relations or
+its catalog. Everything else a session sends (a SELECT without headrace relations, TEMP tables, plain views,
+functions, EXPLAIN of those, any syntax headrace's parser does not know) is PostgreSQL's business: it runs on the
+session's own backend connection to the store PostgreSQL (store/backend.py), as the session's role mirrored there
+(never a PostgreSQL superuser), and its rows, types, notices and errors are PostgreSQL's, byte for byte.
+
+The backend follows the session: a transaction block opened with BEGIN is opened on the backend when the backend
+first serves a statement in it, and COMMIT / ROLLBACK / SAVEPOINT reach it; the session's settings that PostgreSQL
+also has (DateStyle, TimeZone, extra_float_digits, statement_timeout, ...) are set on it before each statement
+that changed them. A CancelRequest reaches PostgreSQL as PostgreSQL's own cancel (57014)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlglot import exp
+
+from headrace.coordinator.responses import Column, CommandComplete, ExecuteResponse, SendingRows, StatementDescription
+from headrace.coordinator.session import Portal, PreparedStatement, Session
+from headrace.pgwire.types import encode_value
+from headrace.sql.ast import SavepointStatement
+from headrace.store.backend import BINARY_FORMAT, TEXT_FORMAT, BackendColumn, BackendConnection, BackendResult
+
+if TYPE_CHECKING:
+    from headrace.store.postgres_server import PostgresStore
+
+RelationExists = Callable[[str, str], bool]
+
+# Schemas headrace answers for itself (its catalog emulation and its system relations), and unqualified relation
+# names PostgreSQL would find in pg_catalog first.
+_HEADRACE_SCHEMAS = frozenset({"pg_catalog", "information_schema", "headrace_internal", "mz_catalog",
+                               "mz_internal"})
+# Functions whose answer depends on headrace's catalog or session, not on PostgreSQL's.
+_HEADRACE_FUNCTIONS = frozenset({
+    "current_setting", "set_config", "version", "current_version", "current_database", "current_catalog", "pg_backend_pid", "pg_cancel_backend", "pg_terminate_backend",
+    "obj_description", "col_description", "shobj_description", "current_schemas", "pg_relation_size",
+    "pg_total_relation_size", "pg_table_size", "pg_indexes_size", "pg_postmaster_start_time",
+})
+_HEADRACE_FUNCTION_PATTERN = re.compile(r"^(has_\w+_privilege|pg_get_\w+|pg_\w+_is_visible|to_reg\w+)$")
+# Statements headrace's parser refuses keep headrace's error when they begin with headrace's own words.
+_HEADRACE_WORDS = re.compile(
+    r"^\s*(create\s+(or\s+replace\s+)?(source|sink|secret|connection|materialized|default\s+index|cluster)"
+    r"|(alter|drop)\s+(source|sink|secret|connection|materialized|cluster)|subscribe|show)\b",
+    re.IGNORECASE)
+_NOT_SYNCED = frozenset({"transaction_isolation", "default_transaction_isolation", "session_authorization",
+                         "is_superuser", "server_version", "server_version_num", "server_encoding",
+                         "client_encoding", "integer_datetimes", "database", "transaction_read_only"})
+
+
+def mentions_headrace(ast: exp.Expr, relation_exists: RelationExists) -> bool:
+    """Whether `ast` reads or names a relation, schema or function only headrace can answer for."""
+    ctes = {cte.alias_or_name.lower() for cte in ast.find_all(exp.CTE)}
+    for table in ast.find_all(exp.Table):
+        name = table.name
+        if not name:
+            continue
+        schema = table.db.lower() if table.db else ""
+        if schema in _HEADRACE_SCHEMAS or (not schema and name.lower().startswith("pg_")):
+            return True
+        if not schema and name.lower() in ctes:
+            continue
+        if relation_exists(schema or "public", name) or relation_exists(schema or "public", name.lower()):
+            return True
+    for function in ast.find_all(exp.Func):
+        name = (function.name if isinstance(function, exp.Anonymous) else function.sql_name()).lower()
+        if name in _HEADRACE_FUNCTIONS or _HEADRACE_FUNCTION_PATTERN.match(name):
+            return True
+    for cast in ast.find_all(exp.Cast):
+        if cast.to.sql().lower().startswith("reg"):
+            return True
+    return False
+
+
+def is_temporary_table(ast: exp.Expr) -> bool:
+    properties = ast.args.get("properties")
+    return properties is not None and any(isinstance(p, exp.TemporaryProperty) for p in properties.expressions)
+
+
+def takes_unparsed(sql: str) -> bool:
+    """Text headrace's parser refused: PostgreSQL's to accept or refuse, unless it is meant as headrace's."""
+    return _HEADRACE_WORDS.match(sql) is None
+
+
+@dataclass(slots=True)
+class BackendState:
+    """A session's backend: the connection, the settings it was given, the savepoints it knows."""
+
+    connection: BackendConnection
+    settable: frozenset[str]
+    synced: dict[str, str] = field(default_factory=dict)
+    savepoints: list[str] = field(default_factory=list)
+
+
+class Passthrough:
+    """Runs PostgreSQL's statements on each session's backend (see the module docstring)."""
+
+    def __init__(self, store: PostgresStore, is_superuser: Callable[[str], bool], max_sessions: int = 100) -> None:
+        self.store = store
+        self._is_superuser = is_superuser
+        # libpq calls block: one worker per running statement, never the coordinator's shared executor (a long
+        # PostgreSQL query must not starve headrace's own work)
+        self._executor = ThreadPoolExecutor(max_workers=max_sessions, thread_name_prefix="store-backend")
+        self._backends: dict[int, BackendState] = {}
+
+    # ---- prepare / execute ------------------------------------------------------------------
+    async def prepare(self, session: Session, sql: str, param_types: Sequence[int], ast: exp.Expr | None,
+                      *, describe: bool = True) -> PreparedStatement:
+        """A statement for the backend; `describe`: ask PostgreSQL for its parameter and result types now (the
+        extended protocol's Parse; the simple protocol learns the columns from the rows)."""
+        if not describe:
+            return PreparedStatement(sql, ast, StatementDescription(tuple(param_types), None, raw_parameters=True),
+                                     backend=True)
+        backend = await self._backend(session)
+        await self._sync(session, backend)
+        description = await self._run(backend.connection.describe, sql, param_types)
+        columns = None if description.columns is None else tuple(_column(c) for c in description.columns)
+        return PreparedStatement(sql, ast, StatementDescription(description.param_types, columns,
+                                                                raw_parameters=True), backend=True)
+
+    async def execute(self, session: Session, portal: Portal, cancel: asyncio.Event) -> ExecuteResponse:
+        backend = await self._backend(session)
+        await self._sync(session, backend)
+        if session.in_block and not backend.connection.in_transaction:
+            await self._run(backend.connection.run, "BEGIN")
+        statement = portal.statement
+        pairs = [_wire_parameter(value, oid) for value, oid
+                 in zip(portal.params, statement_param_types(portal.statement), strict=True)]
+        params = [data for _, data in pairs]
+        formats = [format_code for format_code, _ in pairs]
+        result_format = BINARY_FORMAT if portal.binary or (
+            portal.result_formats and all(code == BINARY_FORMAT for code in portal.result_formats)) else TEXT_FORMAT
+        statement = portal.statement
+        result: BackendResult = await self._cancellable(
+            backend, cancel, backend.connection.execute, statement.sql, params,
+            statement.description.param_types if params else (), formats, result_format)
+        if result.columns is None:
+            portal.finished = True
+            return CommandComplete(result.tag, notices=tuple(result.notices))
+        columns = tuple(_column(c, raw_format=result.result_format) for c in result.columns)
+        portal.columns, portal.pending_rows = columns, result.rows
+        if result.tag[-1:].isdigit():  # "SELECT 3", "INSERT 0 3": the count follows the rows paged out
+            return SendingRows(columns, [], result.tag.rsplit(" ", 1)[0])  # the coordinator pages (max_rows)
+        return SendingRows(columns, [], tag=result.tag)
+
+    # ---- the session's transaction and settings ----------------------------------------------
+    async def after_session_statement(self, session: Session, ast: exp.Expr) -> None:
+        """BEGIN ... COMMIT / ROLLBACK / SAVEPOINT as headrace ran them: the backend follows when it is open."""
+        backend = self._backends.get(session.connection_id)
+        if backend is None or not backend.connection.in_transaction:
+            if isinstance(ast, (exp.Commit, exp.Rollback)) and backend is not None:
+                backend.savepoints.clear()
+            return
+        connection = backend.connection
+        if isinstance(ast, (exp.Commit, exp.Rollback)) and not session.in_block:
+            await self._run(connection.run, "COMMIT" if isinstance(ast, exp.Commit) else "ROLLBACK")
+            backend.savepoints.clear()
+        elif isinstance(ast, SavepointStatement):
+            name = str(ast.args["name"])
+            action = ast.args["action"]
+            quoted = '"' + name.replace('"', '""') + '"'
+            if action == "savepoint":
+                await self._run(connection.run, f"SAVEPOINT {quoted}")
+                backend.savepoints.append(name)
+            elif name in backend.savepoints:
+                verb = "ROLLBACK TO SAVEPOINT" if action == "rollback_to" else "RELEASE SAVEPOINT"
+                await self._run(connection.run, f"{verb} {quoted}")
+                index = backend.savepoints.index(name)
+                del backend.savepoints[index + (1 if action == "rollback_to" else 0):]
+
+    def close(self, session: Session) -> None:
+        backend = self._backends.pop(session.connection_id, None)
+        if backend is not None:
+            backend.connection.cancel()
+            self._executor.submit(backend.connection.close)
+
+    def shutdown(self) -> None:
+        for backend in self._backends.values():
+            backend.connection.cancel()
+            backend.connection.close()
+        self._backends.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ---- helpers --------------------------------------------------------------------------------
+    async def _backend(self, session: Session) -> BackendState:
+        backend = self._backends.get(session.connection_id)
+        if backend is not None and not backend.connection.closed:
+            return backend
+        role = session.user
+        await self._run(self.store.ensure_role, role, self._is_superuser(role))
+        connection = await self._run(BackendConnection, self.store.conninfo_for(role))
+        settable = await self._run(_settable_names, connection)
+        backend = self._backends[session.connection_id] = BackendState(connection, settable)
+        return backend
+
+    async def _sync(self, session: Session, backend: BackendState) -> None:
+        changed = {name: value for name, value in session.variables.items()
+                   if name in backend.settable and name not in _NOT_SYNCED and backend.synced.get(name) != value}
+        if not changed:
+            return
+        assignments = ", ".join(f"set_config({_literal(name)}, {_literal(value)}, false)"
+                                for name, value in changed.items())
+        await self._run(backend.connection.run, f"SELECT {assignments}")
+        backend.synced.update(changed)
+
+    async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    async def _cancellable(self, backend: BackendState, cancel: asyncio.Event, function: Callable[..., Any],
+                           *args: Any) -> Any:
+        work = asyncio.ensure_future(self._run(function, *args))
+        cancelled = asyncio.ensure_future(cancel.wait())
+        try:
+            done, _ = await asyncio.wait({work, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:
+                backend.connection.cancel()  # PostgreSQL ends it with its own 57014
+            return await work
+        except asyncio.CancelledError:  # the client went away: the statement must not run on
+            backend.connection.cancel()
+            raise
+        finally:
+            cancelled.cancel()
+
+
+def statement_param_types(statement: PreparedStatement) -> tuple[int, ...]:
+    return statement.description.param_types
+
+
+def _wire_parameter(value: Any, type_oid: int) -> tuple[int, bytes | None]:
+    """A bound parameter as (format code, bytes): as the client sent it, or (EXECUTE of a PREPAREd statement, whose
+    arguments headrace evaluated) a Python value in PostgreSQL's text form."""
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], int):
+        return value
+    return TEXT_FORMAT, encode_value(type_oid, TEXT_FORMAT, value)
+
+
+def _settable_names(connection: BackendConnection) -> frozenset[str]:
+    result = connection.execute("SELECT name FROM pg_settings WHERE context = 'user'")
+    return frozenset(row[0].decode().lower() for row in result.rows if row[0] is not None)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _column(column: BackendColumn, raw_format: int = -1) -> Column:
+    return Column(column.name, column.type_oid, column.type_size, column.type_modifier, raw_format)
+
+
+__all__ = ["Passthrough", "is_temporary_table", "mentions_headrace", "takes_unparsed"]

@@ -1,0 +1,173 @@
+"""One SQL session's own connection to the store PostgreSQL (its "backend"), at the libpq level.
+
+The coordinator forwards to it every statement that is not headrace's own (coordinator/passthrough.py), so the
+answer is PostgreSQL's: its rows come back as the bytes PostgreSQL sent, in the format asked for, with the column
+types and type modifiers PostgreSQL described, and its errors with every field PostgreSQL gave. Nothing here
+decodes a value: a cell goes from PostgreSQL's DataRow to the client's unchanged.
+
+Blocking by design (libpq's synchronous calls): the coordinator runs each call on a worker thread, never two at
+once for one connection, and cancels a running one with `cancel()`, which is safe from any thread."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from psycopg import pq
+
+from headrace.errors import HeadraceError
+
+TEXT_FORMAT = 0
+BINARY_FORMAT = 1
+
+_DIAGNOSTIC = pq.DiagnosticField
+
+
+@dataclass(frozen=True, slots=True)
+class BackendColumn:
+    name: str
+    type_oid: int
+    type_size: int
+    type_modifier: int
+
+
+@dataclass(frozen=True, slots=True)
+class BackendDescription:
+    """What PostgreSQL says a statement takes and returns: columns is None when it returns no rows."""
+
+    param_types: tuple[int, ...]
+    columns: tuple[BackendColumn, ...] | None
+
+
+@dataclass(slots=True)
+class BackendResult:
+    tag: str
+    columns: tuple[BackendColumn, ...] | None  # None: the statement returns no rows
+    rows: list[tuple[bytes | None, ...]]
+    result_format: int
+    notices: list[str] = field(default_factory=list)
+
+
+class BackendError(HeadraceError):
+    """An error PostgreSQL reported, with its own SQLSTATE and fields."""
+
+    def __init__(self, result: pq.PGresult | None, fallback: str) -> None:
+        def text(code: pq.DiagnosticField) -> str | None:
+            value = result.error_field(code) if result is not None else None
+            return value.decode("utf-8", "replace") if value else None
+
+        sqlstate = text(_DIAGNOSTIC.SQLSTATE) or "08006"
+        position = text(_DIAGNOSTIC.STATEMENT_POSITION)
+        super().__init__(text(_DIAGNOSTIC.MESSAGE_PRIMARY) or fallback, detail=text(_DIAGNOSTIC.MESSAGE_DETAIL),
+                         hint=text(_DIAGNOSTIC.MESSAGE_HINT), position=int(position) if position else None,
+                         sqlstate=sqlstate, http_status=_http_status(sqlstate))
+        self.severity = text(_DIAGNOSTIC.SEVERITY_NONLOCALIZED) or "ERROR"
+        self.context = text(_DIAGNOSTIC.CONTEXT)
+
+
+def _http_status(sqlstate: str) -> int:
+    if sqlstate.startswith(("08", "53", "57P", "58", "XX")):
+        return 503 if sqlstate.startswith(("08", "53", "57P")) else 500
+    return 400
+
+
+class BackendConnection:
+    """A libpq connection as one role; see the module docstring."""
+
+    def __init__(self, conninfo: str) -> None:
+        self._pgconn = pq.PGconn.connect(conninfo.encode())
+        if self._pgconn.status != pq.ConnStatus.OK:
+            message = self._pgconn.get_error_message().strip() or "could not connect to the store"
+            self._pgconn.finish()
+            raise HeadraceError(f"the store PostgreSQL refused the connection: {message}", sqlstate="08001",
+                                http_status=503)
+        self._cancel = self._pgconn.get_cancel()
+        self._notices: list[str] = []
+        self._pgconn.notice_handler = self._on_notice
+        self._lock = threading.Lock()  # one call at a time: the coordinator's possession rule, enforced
+
+    @property
+    def backend_pid(self) -> int:
+        return self._pgconn.backend_pid
+
+    @property
+    def in_transaction(self) -> bool:
+        """A transaction block is open (or failed) on the backend."""
+        return self._pgconn.transaction_status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+
+    @property
+    def closed(self) -> bool:
+        return self._pgconn.status != pq.ConnStatus.OK
+
+    def describe(self, sql: str, param_types: Sequence[int]) -> BackendDescription:
+        """Parse `sql` as the unnamed statement and describe it (Parse + Describe S)."""
+        with self._lock:
+            prepared = self._pgconn.prepare(b"", sql.encode(), list(param_types) or None)
+            self._check(prepared)
+            described = self._pgconn.describe_prepared(b"")
+            self._check(described)
+        params = tuple(described.param_type(i) for i in range(described.nparams))
+        return BackendDescription(params, _columns(described) if described.nfields else None)
+
+    def execute(self, sql: str, params: Sequence[bytes | None] = (), param_types: Sequence[int] = (),
+                param_formats: Sequence[int] = (), result_format: int = TEXT_FORMAT) -> BackendResult:
+        """Run one statement with its parameters as the client sent them, rows in `result_format`."""
+        with self._lock:
+            self._notices = []
+            if params or param_types or result_format != TEXT_FORMAT:
+                result = self._pgconn.exec_params(sql.encode(), list(params), list(param_types) or None,
+                                                  list(param_formats) or None, result_format)
+            else:
+                result = self._pgconn.exec_(sql.encode())  # simple protocol: one round trip, no Parse
+            self._check(result)
+            rows = [tuple(result.get_value(r, c) for c in range(result.nfields)) for r in range(result.ntuples)]
+            returns_rows = result.status == pq.ExecStatus.TUPLES_OK
+            return BackendResult((result.command_status or b"").decode(),
+                                 _columns(result) if returns_rows else None, rows, result_format,
+                                 self._notices)
+
+    def run(self, sql: str) -> None:
+        """A statement of headrace's own (BEGIN, COMMIT, a setting): its result is not the client's."""
+        with self._lock:
+            self._check(self._pgconn.exec_(sql.encode()))
+
+    def cancel(self) -> None:
+        """Ask PostgreSQL to end the running statement (57014); harmless when none runs."""
+        try:
+            self._cancel.cancel()
+        except pq.PQerror:
+            pass  # the connection is gone: nothing runs
+
+    def close(self) -> None:
+        self._pgconn.finish()
+
+    def _on_notice(self, result: pq.PGresult) -> None:
+        message = result.error_field(_DIAGNOSTIC.MESSAGE_PRIMARY)
+        if message:
+            self._notices.append(message.decode("utf-8", "replace"))
+
+    def _check(self, result: pq.PGresult | None) -> None:
+        if result is None or result.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.BAD_RESPONSE,
+                                               pq.ExecStatus.NONFATAL_ERROR):
+            fallback = self._pgconn.get_error_message().strip() or "the store PostgreSQL failed"
+            if self._pgconn.status != pq.ConnStatus.OK:
+                raise HeadraceError(f"lost the connection to the store PostgreSQL: {fallback}", sqlstate="08006",
+                                    http_status=503)
+            raise BackendError(result, fallback)
+        if result.status in (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH):
+            # The COPY sub-protocol to the store is not relayed: leave the backend usable, refuse clearly.
+            self._pgconn.put_copy_end(b"COPY is not relayed to the store")
+            while self._pgconn.get_result() is not None:
+                pass
+            raise HeadraceError("COPY of relations kept only by the store PostgreSQL is not supported yet",
+                                sqlstate="0A000", http_status=400)
+
+
+def _columns(result: pq.PGresult) -> tuple[BackendColumn, ...]:
+    return tuple(BackendColumn((result.fname(i) or b"").decode(), result.ftype(i), result.fsize(i), result.fmod(i))
+                 for i in range(result.nfields))
+
+
+__all__ = ["BINARY_FORMAT", "TEXT_FORMAT", "BackendColumn", "BackendConnection", "BackendDescription",
+           "BackendError", "BackendResult"]

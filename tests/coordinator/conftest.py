@@ -17,19 +17,21 @@ from headrace.coordinator.coordinator import Coordinator
 from headrace.coordinator.responses import ExecuteResponse
 from headrace.coordinator.sources import DataLayout, SourceResources
 from headrace.sql.ddl import item_from_create_sql
+from headrace.store.postgres_server import PostgresStore
 from headrace.store.serving import ServingStore
 from headrace.webhook.ingest import IngestRegistry
 
 
 @contextlib.contextmanager
-def in_process_adapter(data_dir: Path) -> Iterator[AdapterClient]:
-    """A coordinator over a fresh data dir (its own DuckDB store and executor), closed on exit."""
+def in_process_adapter(data_dir: Path, postgres: PostgresStore | None = None) -> Iterator[AdapterClient]:
+    """A coordinator over a fresh data dir (its own DuckDB store and executor), closed on exit. `postgres`: the
+    store PostgreSQL PostgreSQL's own statements run on (coordinator/passthrough.py); None: none."""
     layout = DataLayout(data_dir)
     executor = ThreadPoolExecutor(max_workers=2)
     store = ServingStore(layout.store_file)
     catalog = Catalog(data_dir, item_from_create_sql)
     resources = SourceResources(layout, store, IngestRegistry(), executor)
-    coordinator = Coordinator(catalog, resources, executor, lambda _sources: None)
+    coordinator = Coordinator(catalog, resources, executor, lambda _sources: None, postgres=postgres)
     try:
         yield AdapterClient(coordinator)
     finally:

@@ -39,7 +39,13 @@ from headrace.coordinator.grants import execute_grant, role_dependents
 from headrace.coordinator.privileges import Privileges, referenced_tables
 from headrace.coordinator.roles import ROLE_STATEMENTS, execute_role_statement
 from headrace.coordinator.session_sql import SESSION_STATEMENTS, SessionStatements
-from headrace.coordinator.passthrough import Passthrough, is_temporary_table, mentions_headrace, takes_unparsed
+from headrace.coordinator.passthrough import (
+    Passthrough,
+    is_temporary_table,
+    mentions_headrace,
+    store_setting,
+    takes_unparsed,
+)
 from headrace.coordinator.subscribe import Subscriptions
 from headrace.coordinator.fast_path import FastPath, FastStatement
 from headrace.coordinator import indexes as index_ddl
@@ -155,7 +161,7 @@ class Coordinator:
                     raise
                 # syntax headrace does not know: PostgreSQL's to run or to refuse with its own error
                 return await self.passthrough.prepare(session, sql, param_types, None, describe=describe)
-        if self.passthrough is not None and self._is_postgres_statement(ast):
+        if self.passthrough is not None and (self._is_postgres_statement(ast) or store_setting(session, ast)):
             return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
         if isinstance(ast, SESSION_STATEMENTS):
             return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))

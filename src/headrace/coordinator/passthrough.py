@@ -19,18 +19,20 @@ import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import psycopg
 from sqlglot import exp
 
 from headrace.coordinator.responses import Column, CommandComplete, ExecuteResponse, SendingRows, StatementDescription
 from headrace.coordinator.session import Portal, PreparedStatement, Session
 from headrace.pgwire.types import encode_value
-from headrace.sql.ast import SavepointStatement
+from headrace.coordinator.variables import ALIASES, known_value
+from headrace.sql.ast import DiscardStatement, ResetVariable, SavepointStatement, SetVariable, ShowVariable
+from headrace.errors import HeadraceError
+from headrace.store.postgres_roles import RoleMirrorError
+from headrace.store.postgres_server import PostgresStore, StoreUnavailable
 from headrace.store.backend import BINARY_FORMAT, TEXT_FORMAT, BackendColumn, BackendConnection, BackendResult
-
-if TYPE_CHECKING:
-    from headrace.store.postgres_server import PostgresStore
 
 RelationExists = Callable[[str, str], bool]
 
@@ -82,6 +84,15 @@ def mentions_headrace(ast: exp.Expr, relation_exists: RelationExists) -> bool:
 def is_temporary_table(ast: exp.Expr) -> bool:
     properties = ast.args.get("properties")
     return properties is not None and any(isinstance(p, exp.TemporaryProperty) for p in properties.expressions)
+
+
+def store_setting(session: Session, ast: exp.Expr) -> bool:
+    """SET / RESET / SHOW of a parameter headrace does not keep but PostgreSQL has (enable_seqscan, work_mem, ...):
+    the store's, so PostgreSQL accepts, refuses (42704) or shows it."""
+    if not isinstance(ast, (SetVariable, ResetVariable, ShowVariable)):
+        return False
+    name = str(ast.this).lower().replace(" . ", ".")
+    return name != "all" and name not in ALIASES and known_value(session, name) is None and "." not in name
 
 
 def takes_unparsed(sql: str) -> bool:
@@ -154,14 +165,21 @@ class Passthrough:
     async def after_session_statement(self, session: Session, ast: exp.Expr) -> None:
         """BEGIN ... COMMIT / ROLLBACK / SAVEPOINT as headrace ran them: the backend follows when it is open."""
         backend = self._backends.get(session.connection_id)
-        if backend is None or not backend.connection.in_transaction:
-            if isinstance(ast, (exp.Commit, exp.Rollback)) and backend is not None:
-                backend.savepoints.clear()
+        if backend is None:
             return
         connection = backend.connection
+        if isinstance(ast, DiscardStatement) and str(ast.this).lower() == "all" and not connection.in_transaction:
+            await self._run(connection.run, "DISCARD ALL")  # temporary tables, prepared plans, settings go
+            backend.synced.clear()
+            return
+        if not connection.in_transaction:
+            if isinstance(ast, (exp.Commit, exp.Rollback)):
+                backend.savepoints.clear()
+            return
         if isinstance(ast, (exp.Commit, exp.Rollback)) and not session.in_block:
             await self._run(connection.run, "COMMIT" if isinstance(ast, exp.Commit) else "ROLLBACK")
             backend.savepoints.clear()
+            backend.synced.clear()  # a rolled back (or failed) block took its settings back: set them again
         elif isinstance(ast, SavepointStatement):
             name = str(ast.args["name"])
             action = ast.args["action"]
@@ -171,6 +189,7 @@ class Passthrough:
                 backend.savepoints.append(name)
             elif name in backend.savepoints:
                 verb = "ROLLBACK TO SAVEPOINT" if action == "rollback_to" else "RELEASE SAVEPOINT"
+                backend.synced.clear()
                 await self._run(connection.run, f"{verb} {quoted}")
                 index = backend.savepoints.index(name)
                 del backend.savepoints[index + (1 if action == "rollback_to" else 0):]
@@ -194,11 +213,23 @@ class Passthrough:
         if backend is not None and not backend.connection.closed:
             return backend
         role = session.user
-        await self._run(self.store.ensure_role, role, self._is_superuser(role))
+        await self._run(self._ensure_role, role)
         connection = await self._run(BackendConnection, self.store.conninfo_for(role))
         settable = await self._run(_settable_names, connection)
         backend = self._backends[session.connection_id] = BackendState(connection, settable)
         return backend
+
+    def _ensure_role(self, role: str) -> None:
+        """The session's role mirrored in the store (never a PostgreSQL superuser: store/postgres_roles.py)."""
+        try:
+            self.store.ensure_role(role, superuser=self._is_superuser(role))
+        except StoreUnavailable as exc:
+            raise HeadraceError(str(exc), sqlstate="57P03", http_status=503) from None
+        except RoleMirrorError as exc:
+            raise HeadraceError(str(exc), sqlstate=exc.sqlstate, http_status=403) from None
+        except psycopg.Error as exc:
+            raise HeadraceError(f"the store PostgreSQL refused role {role!r}: {exc}",
+                                sqlstate=exc.sqlstate or "08006", http_status=503) from None
 
     async def _sync(self, session: Session, backend: BackendState) -> None:
         changed = {name: value for name, value in session.variables.items()

@@ -62,6 +62,7 @@ from headrace.sql.parser import parse_client_statement, parse_statement
 from headrace.sql.table_statements import is_write, write_target
 from headrace.sql.select import is_query, plan_select, refuse_store_only_functions
 from headrace.sql.types import TEXT_OID
+from headrace.store.postgres_server import PostgresStore
 from headrace.store.query import describe_query, probe_parameter_types, run_query, session_parameters
 from headrace.store.system_tables import SystemRelation, SystemTables
 
@@ -76,7 +77,8 @@ class Coordinator:
                  on_sources_changed: Callable[[list[WebhookSource]], None],
                  roles: RoleCatalog | None = None, system_tables: SystemTables | None = None,
                  on_views_changed: Callable[[list[MaterializedView]], None] | None = None,
-                 host_access: HostAccess | None = None) -> None:
+                 host_access: HostAccess | None = None, postgres: PostgresStore | None = None) -> None:
+        self.postgres = postgres  # the store PostgreSQL (store/postgres_server.py); None in unit tests
         self.catalog = catalog
         self.system_tables = system_tables  # headrace_internal.webhook_counters, ... (in-memory relations)
         self.roles = roles if roles is not None else RoleCatalog(None)  # CREATE ROLE; pg_roles reads list_roles()

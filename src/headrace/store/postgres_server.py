@@ -222,6 +222,14 @@ class PostgresStore:
         return self._embedded.log_file if self._embedded is not None else None
 
     @property
+    def display_location(self) -> str:
+        """Where the store is, for people: the external URL's host, port and database (never its credentials)."""
+        if self._embedded is not None:
+            return str(self._embedded.datadir)
+        parameters = conninfo_to_dict(self.admin_conninfo)
+        return f"{parameters.get('host', 'localhost')}:{parameters.get('port', '5432')}/{self.database}"
+
+    @property
     def postmaster_pid(self) -> int | None:
         """The embedded cluster's postmaster, if it runs (None for an external store)."""
         return postmaster_pid(self._embedded.datadir) if self._embedded is not None else None

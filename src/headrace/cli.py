@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +26,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="pgwire authentication: trust | password | scram-sha-256, or first-match rules "
                          "[USER@]HOSTS=METHOD,... with HOSTS all, loopback or a CIDR "
                          "(default: loopback=trust,all=scram-sha-256)")
+    up.add_argument("--store", default=os.environ.get("HEADRACE_STORE") or None, metavar="URL",
+                    help="the store PostgreSQL: a postgresql:// URL of an existing server (its role needs CREATEROLE "
+                         "and to own the URL's database; docs/store.md), or by default (also env HEADRACE_STORE) a "
+                         "private PostgreSQL 15 cluster run by headrace under <data-dir>/postgres")
     up.add_argument("--store-threads", type=int, default=None,
                     help="DuckDB worker threads of the serving store (default: one per core but one, which is left "
                          "to the server's event loop)")
@@ -106,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         from headrace.pgwire.auth import parse_auth_rules
         from headrace.pgwire.limits import PgLimits
         from headrace.server import DataDirLocked, InsecureConfiguration, ServerConfig, run
+        from headrace.store.postgres_server import StoreUnavailable
         from headrace.webhook.ingest import IngestSettings
 
         webhook_settings = IngestSettings(
@@ -149,8 +155,8 @@ def main(argv: list[str] | None = None) -> None:
                              webhook=webhook_settings, http=http_settings, store_threads=args.store_threads,
                              pg_limits=pg_limits_config, max_statement_bytes=args.max_statement_bytes,
                              insecure=args.insecure, allow_commands=tuple(args.allow_commands),
-                             allow_directories=tuple(args.allow_directories)))
-        except (DataDirLocked, InsecureConfiguration) as exc:
+                             allow_directories=tuple(args.allow_directories), store_url=args.store))
+        except (DataDirLocked, InsecureConfiguration, StoreUnavailable) as exc:
             print(f"headrace: {exc}", file=sys.stderr)
             sys.exit(1)
         except OSError as exc:

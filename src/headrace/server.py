@@ -4,6 +4,7 @@ supervises the Spark pipeline process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import gc
 import logging
@@ -35,6 +36,7 @@ from headrace.pipeline.supervisor import PipelineSupervisor
 from headrace.sql import limits as sql_limits
 from headrace.sql.ddl import item_from_create_sql
 from headrace.sql.limits import DEFAULT_MAX_STATEMENT_BYTES
+from headrace.store.postgres_server import PostgresStore
 from headrace.store.query import STATIC_SETTINGS
 from headrace.store.serving import ServingStore
 from headrace.store.system_tables import SystemTables
@@ -62,6 +64,8 @@ class ServerConfig:
     # What sinks may run and write on this host (catalog/host_access.py); empty: no EXTERNAL COMMAND, no PARQUET.
     allow_commands: tuple[str, ...] = ()
     allow_directories: tuple[str, ...] = ()
+    # The store PostgreSQL (docs/store.md): None runs a private cluster under <data_dir>/postgres; a URL uses that server.
+    store_url: str | None = None
 
 
 class DataDirLocked(Exception):
@@ -147,6 +151,33 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     STATIC_SETTINGS["max_connections"] = str(config.pg_limits.max_connections)
     lock = lock_data_dir(config.data_dir)
     layout = DataLayout(config.data_dir.resolve())
+    roles = RoleCatalog(layout.root)
+    # Checked at once (binaries, URL), started in a thread while the rest of headrace and the pipeline start: initdb
+    # and pg_ctl are ~1 s on a first start; stopped last, after everything that uses it.
+    postgres = PostgresStore(layout.root, config.store_url, max_connections=config.pg_limits.max_connections)
+    postgres_started = asyncio.ensure_future(asyncio.to_thread(_start_store, postgres, roles))
+    try:
+        await _serve(config, stop, layout, roles, postgres, postgres_started)
+    finally:
+        with contextlib.suppress(Exception):
+            await postgres_started
+        await asyncio.to_thread(postgres.stop)
+        os.close(lock)
+
+
+def _start_store(postgres: PostgresStore, roles: RoleCatalog) -> None:
+    """Start the store and mirror every headrace role into it (sessions would mirror theirs on first use anyway;
+    a role that cannot be mirrored is logged, its sessions get the error)."""
+    postgres.start()
+    for role in roles.list_roles():
+        try:
+            postgres.ensure_role(role.name, superuser=role.superuser)
+        except Exception as exc:  # noqa: BLE001 - logged; serving goes on
+            log.warning("role %s not mirrored into the store PostgreSQL: %s", role.name, exc)
+
+
+async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, roles: RoleCatalog,
+                 postgres: PostgresStore, postgres_started: asyncio.Future[None]) -> None:
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headrace-store")
     store = ServingStore(layout.store_file, threads=config.store_threads)
     registry = IngestRegistry(config.webhook)
@@ -168,11 +199,10 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
                                               executor=apply_executor, connector=ServingConnector(store))
     driver_address = driver_server.sockets[0].getsockname()[:2]
     supervisor = PipelineSupervisor(layout.root, config.spark_master, driver_address)
-    roles = RoleCatalog(layout.root)
     host_access = HostAccess.from_options(config.allow_commands, config.allow_directories, layout.root)
     coordinator = Coordinator(catalog, resources, executor, supervisor.update, roles=roles,
                               system_tables=SystemTables(registry, supervisor.status),
-                              on_views_changed=supervisor.update_views, host_access=host_access)
+                              on_views_changed=supervisor.update_views, host_access=host_access, postgres=postgres)
     # Materialized views: restore what a crash left half-made (tables, public relations), inputs first.
     await asyncio.get_running_loop().run_in_executor(executor, coordinator.views.ensure_all)
     await coordinator.tables.open_all()  # tables: store tables, public relations, logs (coordinator/tables.py)
@@ -185,23 +215,23 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     await supervisor.start([*catalog.sources(), *catalog.tables()],  # type: ignore[list-item]
                            coordinator.views.in_dependency_order())
 
-    print(f"headrace is up (data in {layout.root})", flush=True)
-    print(f"  SQL:      psql -h {config.host} -p {config.pg_port} -U headrace headrace", flush=True)
-    print(f"  webhooks: POST http://{config.host}:{config.http_port}/api/webhook/headrace/public/<source>",
-          flush=True)
     compaction = asyncio.create_task(_compact_changelogs_periodically(store, executor,
                                                                       coordinator.sink_manager.holds))
-    # Everything built at startup lives as long as the server: out of the collector's way, so full
-    # collections stay short (a pause there is every connection's and every webhook's latency).
-    gc.collect()
-    gc.freeze()
-    warm_freeze = asyncio.create_task(_freeze_after_warm_up())
+    warm_freeze: asyncio.Task[None] | None = None
     try:
+        await postgres_started
+        _print_banner(config, layout, postgres)
+        # Everything built at startup lives as long as the server: out of the collector's way, so full
+        # collections stay short (a pause there is every connection's and every webhook's latency).
+        gc.collect()
+        gc.freeze()
+        warm_freeze = asyncio.create_task(_freeze_after_warm_up())
         await stop.wait()
     finally:
         print("headrace: shutting down", flush=True)
         compaction.cancel()
-        warm_freeze.cancel()
+        if warm_freeze is not None:
+            warm_freeze.cancel()
         web_state.stopping = True  # 503 + Retry-After from now on
         await http_runner.cleanup()  # stop taking webhooks first: nothing acknowledged is lost
         pg_server.close()
@@ -213,7 +243,17 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
         executor.shutdown(wait=True)
         apply_executor.shutdown(wait=True)
         store.close()
-        os.close(lock)
+
+
+def _print_banner(config: ServerConfig, layout: DataLayout, postgres: PostgresStore) -> None:
+    print(f"headrace is up (data in {layout.root})", flush=True)
+    print(f"  SQL:      psql -h {config.host} -p {config.pg_port} -U headrace headrace", flush=True)
+    print(f"  webhooks: POST http://{config.host}:{config.http_port}/api/webhook/headrace/public/<source>",
+          flush=True)
+    if postgres.embedded:
+        print(f"  store:    PostgreSQL 15, embedded (log: {postgres.log_file})", flush=True)
+    else:
+        print(f"  store:    PostgreSQL at {postgres.display_location}", flush=True)
 
 
 def _remove_orphans(layout: DataLayout, live_ids: set[str]) -> None:

@@ -1,5 +1,10 @@
 """A real `headrace up` process for end-to-end tests: free ports, a temporary data dir, and the
-means to kill -9 every process it started (server, pipeline, JVM share one process group)."""
+means to kill -9 every process it started (server, pipeline, JVM share one process group).
+
+Its store PostgreSQL is, unless the test asks for the embedded default (`embedded_store=True`), a fresh database in
+the test process's shared cluster (tests/real_servers/postgres.py), passed as `--store`: an initdb per server would
+cost each test seconds. The embedded store's postmaster is not in the process group (pg_ctl detaches it), so a
+kill -9 leaves it running, as in production; `stop()` stops one left behind."""
 
 from __future__ import annotations
 
@@ -14,6 +19,9 @@ from pathlib import Path
 
 import psycopg
 
+from headrace.store.postgres_cluster import find_bindir, pg_ctl_stop, postmaster_pid, server_account
+from tests.real_servers.postgres import new_store_database
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -22,9 +30,11 @@ def free_port() -> int:
 
 
 class HeadraceProcess:
-    def __init__(self, data_dir: Path, extra_args: Sequence[str] = ()) -> None:
+    def __init__(self, data_dir: Path, extra_args: Sequence[str] = (), *, embedded_store: bool = False) -> None:
         self.data_dir = data_dir
         self.extra_args = tuple(extra_args)  # more `headrace up` options, e.g. --auth, --tls-cert
+        self.embedded_store = embedded_store
+        self.store_url: str | None = None  # the shared cluster's database, made at the first start, kept after
         self.pg_port = free_port()
         self.http_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -39,11 +49,14 @@ class HeadraceProcess:
 
     def start(self, timeout: float = 60.0, env: Mapping[str, str] | None = None) -> None:
         """Start `headrace up`; `env` adds variables for this start only (e.g. HEADRACE_FAILPOINTS)."""
+        if not self.embedded_store and self.store_url is None and "--store" not in self.extra_args:
+            self.store_url = new_store_database()
+        store_args = ["--store", self.store_url] if self.store_url is not None else []
         output = open(self.output_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "headrace.cli", "up", "--data-dir", str(self.data_dir),
              "--pg-port", str(self.pg_port), "--http-port", str(self.http_port), "--spark-master", "local[2]",
-             *self.extra_args],
+             *store_args, *self.extra_args],
             stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             env={**os.environ, **env} if env else None,
         )
@@ -85,6 +98,7 @@ class HeadraceProcess:
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
+            self.stop_store_left_running()
             return
         self.process.send_signal(signal.SIGTERM)
         try:
@@ -95,6 +109,17 @@ class HeadraceProcess:
             os.killpg(self.process.pid, signal.SIGKILL)  # stragglers (JVM) of a clean stop
         except ProcessLookupError:
             pass
+        self.stop_store_left_running()
+
+    @property
+    def store_datadir(self) -> Path:
+        """The embedded store's PGDATA (store/postgres_server.py)."""
+        return self.data_dir / "postgres" / "data"
+
+    def stop_store_left_running(self) -> None:
+        """An embedded store's postmaster outlives a kill -9 of headrace: stop it (immediately)."""
+        if self.embedded_store and postmaster_pid(self.store_datadir) is not None:
+            pg_ctl_stop(find_bindir(), self.store_datadir, account=server_account(), mode="immediate")
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2, message: str = "condition") -> object:  # type: ignore[no-untyped-def]

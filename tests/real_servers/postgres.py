@@ -3,27 +3,32 @@
     with PostgresCluster(tmp_path / "pg") as cluster:
         dsn = cluster.create_database("sink_test")
 
-The server refuses to run as root, so initdb and pg_ctl run as the `postgres` user (`runuser -u postgres --`); the
-data directory lives in the given directory, whose parents are made traversable for that user. The server listens
-on 127.0.0.1:<free port> (and a Unix socket in the data directory), trusts local connections and runs with
-`fsync=on`, so commits are as durable as in production. `stop()` is `pg_ctl -m immediate` (a crash, as for the
-benchmarks' peers: nothing needs to survive)."""
+    shared_cluster().create_database("x")   # one cluster per test process, started on first use, stopped at exit
+
+initdb and pg_ctl run as the embedded store does (headrace/store/postgres_cluster.py): as the `postgres` account when
+the tests run as root, the data directory given to it and its parents made traversable. The server listens on
+127.0.0.1:<free port> (and a Unix socket in the data directory), trusts local connections and runs with `fsync=on`,
+so commits are as durable as in production. `stop()` is `pg_ctl -m immediate` (a crash, as for the benchmarks'
+peers: nothing needs to survive)."""
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import os
 import shutil
 import socket
-import stat
-import subprocess
+import tempfile
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 import psycopg
 
-BINDIR = Path("/usr/lib/postgresql/15/bin")
-_AS_POSTGRES = ["runuser", "-u", "postgres", "--"]
+from headrace.store.postgres_cluster import (find_bindir, give_to_account, initdb, log_tail, make_reachable,
+                                             pg_ctl_start, pg_ctl_stop, server_account)
+
 _START_ATTEMPTS = 3  # a free port can be taken between probing and binding it
 
 
@@ -31,15 +36,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _make_reachable(directory: Path) -> None:
-    """Add search (x) permission for group and others to every parent, so the postgres user reaches its data
-    directory (read permission is not needed, nor granted)."""
-    for parent in directory.resolve().parents:
-        mode = parent.stat().st_mode
-        if mode & (stat.S_IXGRP | stat.S_IXOTH) != (stat.S_IXGRP | stat.S_IXOTH):
-            os.chmod(parent, stat.S_IMODE(mode) | stat.S_IXGRP | stat.S_IXOTH)
 
 
 class PostgresCluster:
@@ -52,6 +48,8 @@ class PostgresCluster:
         self.settings = {"fsync": "on", "max_connections": "100", **(settings or {})}
         self.port = 0
         self._running = False
+        self._bindir = find_bindir()
+        self._account = server_account()
 
     @property
     def dsn(self) -> str:
@@ -61,26 +59,21 @@ class PostgresCluster:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def start(self) -> Self:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        _make_reachable(self.workdir)
-        shutil.chown(self.workdir, "postgres")
+        make_reachable(self.workdir, self._account)
+        give_to_account(self.workdir, self._account, mode=0o755)
         if not (self.datadir / "PG_VERSION").exists():
-            subprocess.run([*_AS_POSTGRES, str(BINDIR / "initdb"), "-D", str(self.datadir), "-A", "trust",
-                            "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync"],
-                           check=True, capture_output=True)
+            initdb(self._bindir, self.datadir, superuser="postgres", account=self._account, sync=False)
         log = self.datadir / "server.log"
         for attempt in range(_START_ATTEMPTS):
             self.port = free_port()
-            options = " ".join([f"-p {self.port}", f"-k {self.datadir}", "-c listen_addresses=127.0.0.1",
-                                *(f"-c {name}={value}" for name, value in self.settings.items())])
-            started = subprocess.run([*_AS_POSTGRES, str(BINDIR / "pg_ctl"), "-D", str(self.datadir), "-w",
-                                      "-t", "60", "-l", str(log), "-o", options, "start"], capture_output=True)
+            started = pg_ctl_start(self._bindir, self.datadir, account=self._account, log_file=log, settings={
+                "port": str(self.port), "unix_socket_directories": str(self.datadir),
+                "listen_addresses": "127.0.0.1", **self.settings})
             if started.returncode == 0:
                 self._running = True
                 return self
             if attempt == _START_ATTEMPTS - 1:
-                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-                raise RuntimeError(f"PostgreSQL did not start: {started.stderr.decode(errors='replace')}\n{tail}")
+                raise RuntimeError(f"PostgreSQL did not start: {started.stderr}\n{log_tail(log)}")
         raise AssertionError("unreachable")
 
     def create_database(self, name: str) -> str:
@@ -92,8 +85,7 @@ class PostgresCluster:
 
     def stop(self) -> None:
         if self._running:
-            subprocess.run([*_AS_POSTGRES, str(BINDIR / "pg_ctl"), "-D", str(self.datadir), "-m", "immediate",
-                            "stop"], check=False, capture_output=True)
+            pg_ctl_stop(self._bindir, self.datadir, account=self._account, mode="immediate")
             self._running = False
 
     def __enter__(self) -> Self:
@@ -102,3 +94,33 @@ class PostgresCluster:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+_shared: PostgresCluster | None = None
+_shared_lock = threading.Lock()
+_database_numbers = itertools.count(1)
+
+
+def shared_cluster() -> PostgresCluster:
+    """One cluster for every headrace server a test process starts (tests/e2e/server_process.py gives each a fresh
+    database in it: ~0.3 s, against ~1.5 s for a cluster of its own). Started on first use, stopped at exit."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            workdir = Path(tempfile.mkdtemp(prefix="headrace-test-store-"))
+            # Many servers at once (session- and module-scoped ones), each with a connection per session.
+            cluster = PostgresCluster(workdir, settings={"max_connections": "400", "fsync": "off"})
+            cluster.start()
+            atexit.register(_remove_cluster, cluster)
+            _shared = cluster
+        return _shared
+
+
+def new_store_database(prefix: str = "store") -> str:
+    """A fresh database in the shared cluster for one headrace server's --store; returns its URL."""
+    return shared_cluster().create_database(f"{prefix}_{os.getpid()}_{next(_database_numbers)}")
+
+
+def _remove_cluster(cluster: PostgresCluster) -> None:
+    cluster.stop()
+    shutil.rmtree(cluster.workdir, ignore_errors=True)

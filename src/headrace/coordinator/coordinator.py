@@ -9,7 +9,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlglot import exp
 
@@ -70,11 +70,9 @@ from headrace.sql.parser import parse_client_statement, parse_statement
 from headrace.sql.table_statements import is_create_table, is_write, write_target
 from headrace.sql.select import is_query, plan_select, refuse_store_only_functions
 from headrace.sql.types import TEXT_OID
+from headrace.store.postgres_server import PostgresStore
 from headrace.store.query import describe_query, probe_parameter_types, run_query, session_parameters
 from headrace.store.system_tables import SystemRelation, SystemTables
-
-if TYPE_CHECKING:
-    from headrace.store.postgres_server import PostgresStore
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,7 @@ import pytest
 from headrace.coordinator.client import AdapterClient, SessionClient
 from headrace.coordinator.responses import CommandComplete, ExecuteResponse, SendingRows
 from headrace.errors import HeadraceError
-from headrace.pgwire.results import raw_converter
-from headrace.pgwire.types import BINARY_FORMAT, INT4, TEXT_FORMAT
+from headrace.pgwire.types import BINARY_FORMAT, INT4, TEXT_FORMAT, raw_converter
 from headrace.store.postgres_server import PostgresStore
 from tests.coordinator.conftest import in_process_adapter
 from tests.real_servers.postgres import PostgresCluster
@@ -29,9 +28,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresCluste
 @pytest.fixture
 def adapter(tmp_path: Path, cluster: PostgresCluster) -> Iterator[AdapterClient]:
     database = f"store_{time.monotonic_ns()}"
-    store = PostgresStore.open(tmp_path / "store-files", cluster.create_database(database))
     data = tmp_path / "data"
     data.mkdir()
+    store = PostgresStore.open(data, cluster.create_database(database))
     with in_process_adapter(data, postgres=store) as client:
         yield client
         client._coordinator.passthrough.shutdown()  # type: ignore[attr-defined]
@@ -177,11 +176,14 @@ def test_a_session_runs_as_its_role_never_as_a_superuser(adapter: AdapterClient)
         await run(admin, "CREATE ROLE reader LOGIN")
         reader = await adapter.new_session("reader", "headrace", {})
         assert await rows(reader, "SELECT current_user, session_user") == [(b"reader", b"reader")]
-        for sql in ("SELECT pg_read_file('/etc/passwd')", "COPY (SELECT 1) TO PROGRAM 'true'",
-                    "ALTER SYSTEM SET work_mem = '1GB'"):
-            with pytest.raises(HeadraceError) as refused:
+        for sql in ("SELECT pg_read_file('/etc/passwd')", "ALTER SYSTEM SET work_mem = '1GB'",
+                    "CREATE FUNCTION f() RETURNS int LANGUAGE c AS 'libc', 'abs'"):
+            with pytest.raises(HeadraceError) as refused:  # PostgreSQL refuses: the role is no superuser
                 await run(reader, sql)
             assert refused.value.sqlstate == "42501", sql
+        with pytest.raises(HeadraceError) as refused:  # COPY is headrace's statement, and it has no PROGRAM
+            await run(reader, "COPY (SELECT 1) TO PROGRAM 'true'")
+        assert refused.value.sqlstate in ("42501", "0A000")
         for client in (reader, admin):
             await client.terminate()
     drive(adapter, body)

@@ -39,7 +39,7 @@ def test_psycopg_copy_to_text_csv_binary(server: HeadraceProcess) -> None:
             csv = b"".join(bytes(chunk) for chunk in copy)
         assert csv == b"n;label;half\n1;row 1;1.5\n2;row 2;\n3;row 3;4.5\n"
         with cursor.copy(f"COPY ({QUERY}) TO STDOUT (FORMAT binary)") as copy:
-            copy.set_types(["int8", "text", "numeric"])
+            copy.set_types(["int4", "text", "numeric"])  # PostgreSQL types n int4
             rows = list(copy.rows())
         assert [(n, label, None if half is None else float(half)) for n, label, half in rows] == [
             (1, "row 1", 1.5), (2, "row 2", None), (3, "row 3", 4.5)]

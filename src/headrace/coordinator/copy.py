@@ -50,7 +50,7 @@ def copy_to(options: CopyOptions, inner: SendingRows | Subscribing) -> CopyTo:
     """COPY (query | SUBSCRIBE) TO STDOUT over the inner execute's response: one payload per row,
     as PostgreSQL sends them (the binary header rides with the first)."""
     encoder = CopyEncoder(options, [column.type_oid for column in inner.columns],
-                          [column.name for column in inner.columns])
+                          [column.name for column in inner.columns], [column.raw_format for column in inner.columns])
     response = CopyTo(options=options, columns=inner.columns, data=_empty())
     if isinstance(inner, SendingRows):
         response.data = _rows_payloads(response, encoder, [inner.rows])

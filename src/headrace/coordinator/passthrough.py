@@ -181,7 +181,7 @@ class Passthrough:
             backend.savepoints.clear()
             backend.synced.clear()  # a rolled back (or failed) block took its settings back: set them again
         elif isinstance(ast, SavepointStatement):
-            name = str(ast.args["name"])
+            name = str(ast.this)
             action = ast.args["action"]
             quoted = '"' + name.replace('"', '""') + '"'
             if action == "savepoint":

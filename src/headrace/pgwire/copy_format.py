@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from headrace.errors import FeatureNotSupported, HeadraceError, SyntaxError_
-from headrace.pgwire.types import BINARY_FORMAT, TEXT_FORMAT, decode_parameter, value_encoder
+from headrace.pgwire.types import BINARY_FORMAT, TEXT_FORMAT, cell_encoder, decode_parameter
 
 BINARY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _BINARY_HEADER = BINARY_SIGNATURE + struct.pack("!ii", 0, 0)  # flags, header extension length
@@ -127,11 +127,14 @@ _TEXT_ESCAPES = {"\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r
 class CopyEncoder:
     """Encodes rows into COPY TO payloads, one per row (as PostgreSQL sends them)."""
 
-    def __init__(self, options: CopyOptions, column_oids: Sequence[int], column_names: Sequence[str]) -> None:
+    def __init__(self, options: CopyOptions, column_oids: Sequence[int], column_names: Sequence[str],
+                 raw_formats: Sequence[int] | None = None) -> None:
+        """`raw_formats`: per column, -1 for Python values, 0 / 1 for PostgreSQL's own text / binary bytes."""
         self._options = options
         self._names = list(column_names)
-        binary = options.format == "binary"
-        self._encoders = [value_encoder(oid, BINARY_FORMAT if binary else TEXT_FORMAT) for oid in column_oids]
+        target = BINARY_FORMAT if options.format == "binary" else TEXT_FORMAT
+        self._encoders = [cell_encoder(oid, raw, target)
+                          for oid, raw in zip(column_oids, raw_formats or [-1] * len(column_oids), strict=True)]
         escapes = dict(_TEXT_ESCAPES)
         escapes.setdefault(options.delimiter, "\\" + options.delimiter)
         self._text_table = str.maketrans(escapes)

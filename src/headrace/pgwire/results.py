@@ -18,7 +18,7 @@ from headrace.coordinator.responses import (
 from headrace.coordinator.cursors import SubscriptionBuffer
 from headrace.errors import HeadraceError, ProtocolViolation
 from headrace.pgwire import messages
-from headrace.pgwire.types import BINARY_FORMAT, TEXT_FORMAT, TYPES, pg_type, type_size, value_encoder
+from headrace.pgwire.types import BINARY_FORMAT, TEXT_FORMAT, cell_encoder, type_size, value_encoder
 
 
 # Per-query work cached across statements and connections (keys are immutable: Column is frozen).
@@ -67,27 +67,7 @@ def column_encoders(columns: Sequence[Column], formats: Sequence[int]) -> list[C
 
 
 def _encoder(column: Column, format_code: int) -> Callable[[object], bytes]:
-    if column.raw_format < 0:
-        return value_encoder(column.type_oid, format_code)
-    if column.raw_format == format_code:
-        return _as_is  # PostgreSQL's bytes, in the format the client asked for
-    return raw_converter(column.type_oid, column.raw_format, format_code)
-
-
-def _as_is(value: object) -> bytes:
-    return value  # type: ignore[return-value]
-
-
-def raw_converter(type_oid: int, from_format: int, to_format: int) -> Callable[[object], bytes]:
-    """Re-encode PostgreSQL's bytes of one format in the other (a client mixing formats per column), through
-    this type's codec; a type without one cannot be re-encoded (0A000)."""
-    if type_oid not in TYPES:
-        raise HeadraceError(f"type {type_oid} cannot be sent in the {'binary' if to_format else 'text'} format "
-                            "together with other columns in the other format", sqlstate="0A000")
-    codec = pg_type(type_oid).codec
-    decode = (lambda data: codec.decode_text(data.decode())) if from_format == TEXT_FORMAT else codec.decode_binary
-    encode = value_encoder(type_oid, to_format)
-    return lambda value: encode(decode(value))  # type: ignore[arg-type]
+    return cell_encoder(column.type_oid, column.raw_format, format_code)
 
 
 def _encode_row_description(columns: Sequence[Column], formats: Sequence[int]) -> bytes:

@@ -119,6 +119,34 @@ def value_encoder(oid: int, format_code: int) -> Encoder:
     raise HeadraceError(f"unsupported format code: {format_code}", sqlstate="22023")
 
 
+def cell_encoder(oid: int, raw_format: int, format_code: int) -> Encoder:
+    """A column's encoder into `format_code`: `raw_format` -1, values are Python objects (value_encoder); 0 or 1,
+    they are PostgreSQL's own bytes in that format already (the store PostgreSQL's rows): as they are, or
+    re-encoded into the other format through this type's codec."""
+    if raw_format < 0:
+        return value_encoder(oid, format_code)
+    if raw_format == format_code:
+        return _as_is
+    return raw_converter(oid, raw_format, format_code)
+
+
+def _as_is(value: Any) -> bytes:
+    return value  # type: ignore[no-any-return]
+
+
+def raw_converter(oid: int, from_format: int, to_format: int) -> Encoder:
+    """PostgreSQL's bytes of one format re-encoded in the other (a client mixing formats per column, a binary
+    COPY of text rows) through this type's codec; a type without one cannot be re-encoded (0A000)."""
+    if oid not in TYPES:
+        raise FeatureNotSupported(f"type {oid} cannot be re-encoded from the "
+                                  f"{'binary' if from_format else 'text'} format into the "
+                                  f"{'binary' if to_format else 'text'} format")
+    codec = TYPES[oid].codec
+    decode = (lambda data: codec.decode_text(data.decode())) if from_format == TEXT_FORMAT else codec.decode_binary
+    encode = value_encoder(oid, to_format)
+    return lambda value: encode(decode(value))
+
+
 def encode_value(oid: int, format_code: int, value: Any) -> bytes | None:
     return None if value is None else value_encoder(oid, format_code)(value)
 
@@ -160,5 +188,5 @@ __all__ = [
     "BINARY_FORMAT", "BOOL", "BPCHAR", "BYTEA", "CHAR", "DATE", "FLOAT4", "FLOAT8", "INT2", "INT4",
     "INT8", "INTERVAL", "JSON", "JSONB", "NAME", "NUMERIC", "OID", "TEXT", "TEXT_FORMAT", "TIME",
     "TIMESTAMP", "TIMESTAMPTZ", "TYPES", "UNKNOWN", "UUID", "VARCHAR", "PgType", "array_oid_of",
-    "decode_parameter", "encode_value", "pg_type", "type_size", "value_encoder",
+    "cell_encoder", "decode_parameter", "encode_value", "pg_type", "raw_converter", "type_size", "value_encoder",
 ]

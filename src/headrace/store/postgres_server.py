@@ -160,7 +160,7 @@ class _EmbeddedCluster:
             except ClusterCommandFailed as exc:
                 # e.g. the killed postmaster's backends still hold its shared memory for a moment
                 failures += 1
-                delay = min(SUPERVISOR_BACKOFF_MAX_S, 0.5 * 2 ** failures)
+                delay = min(SUPERVISOR_BACKOFF_MAX_S, 0.25 * 2 ** failures)
                 log.error("restarting the store PostgreSQL failed (retrying in %.1f s): %s", delay, exc)
                 self._stopping.wait(delay)
 

@@ -1,6 +1,8 @@
 # `make up` and `make test` set everything up on a fresh machine (see scripts/bootstrap.sh).
 VENV := .venv
 STAMP := $(VENV)/.bootstrapped
+# The store PostgreSQL's server (docs/store.md): set up again if it went missing after the first set-up.
+PG_SERVER := /usr/lib/postgresql/15/bin/postgres
 
 .PHONY: up test bench fuzz chaos compat clean
 
@@ -8,12 +10,15 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh
 	./scripts/bootstrap.sh
 	touch $(STAMP)
 
-up: $(STAMP)
+$(PG_SERVER):
+	./scripts/bootstrap.sh
+
+up: $(STAMP) | $(PG_SERVER)
 	$(VENV)/bin/headrace up
 
 # Temporary directories of this checkout's own: pytest prunes old runs under /tmp/pytest-of-$USER, which
 # would delete the data directories of another checkout's run on the same machine.
-test: $(STAMP)
+test: $(STAMP) | $(PG_SERVER)
 	$(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp --durations=25
 
 # The fuzz suite for minutes instead of make test's seconds, on a fresh seed; HEADRACE_FUZZ_SEED=<n> replays a run.

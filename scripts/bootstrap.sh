@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what headrace needs on a fresh Debian machine: a JDK for Spark (if none is found), a
-# Python >= 3.11 virtual environment in .venv with headrace and its pinned dependencies.
+# Installs what headrace needs on a fresh Debian machine: a JDK for Spark (if none is found), PostgreSQL 15 (the
+# store server), a Python >= 3.11 virtual environment in .venv with headrace and its pinned dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +20,9 @@ if ! command -v psql >/dev/null 2>&1 || ! command -v pgbench >/dev/null 2>&1; th
   need_apt+=(postgresql-client)  # psql, and pgbench for tests/e2e/test_pgbench.py
 fi
 if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
-  need_apt+=(postgresql-15)  # real PostgreSQL 15 servers in tests (tests/real_servers) and the compat harness
+  # the embedded store PostgreSQL of `headrace up` (docs/store.md; it also creates the `postgres` account the store
+  # runs as under root), real PostgreSQL 15 servers in tests (tests/real_servers) and the compat harness
+  need_apt+=(postgresql-15)
 fi
 if ! command -v redis-server >/dev/null 2>&1; then
   need_apt+=(redis-server)  # tests/materialize/drivers: the REDIS sink driver against a real server

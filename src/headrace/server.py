@@ -250,10 +250,8 @@ def _print_banner(config: ServerConfig, layout: DataLayout, postgres: PostgresSt
     print(f"  SQL:      psql -h {config.host} -p {config.pg_port} -U headrace headrace", flush=True)
     print(f"  webhooks: POST http://{config.host}:{config.http_port}/api/webhook/headrace/public/<source>",
           flush=True)
-    if postgres.embedded:
-        print(f"  store:    PostgreSQL 15, embedded (log: {postgres.log_file})", flush=True)
-    else:
-        print(f"  store:    PostgreSQL at {postgres.display_location}", flush=True)
+    where = f"15, embedded (log: {postgres.log_file})" if postgres.embedded else f"at {postgres.display_location}"
+    print(f"  store:    PostgreSQL {where}; ready in {postgres.started_in_s or 0:.2f} s", flush=True)
 
 
 def _remove_orphans(layout: DataLayout, live_ids: set[str]) -> None:

@@ -23,6 +23,9 @@ from headrace.store.postgres_cluster import find_bindir, pg_ctl_stop, postmaster
 from tests.real_servers.postgres import new_store_database
 
 
+UP_BANNER = "headrace is up"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -52,6 +55,7 @@ class HeadraceProcess:
         if not self.embedded_store and self.store_url is None and "--store" not in self.extra_args:
             self.store_url = new_store_database()
         store_args = ["--store", self.store_url] if self.store_url is not None else []
+        banners_before = self.output().count(UP_BANNER)
         output = open(self.output_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "headrace.cli", "up", "--data-dir", str(self.data_dir),
@@ -65,6 +69,10 @@ class HeadraceProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"headrace exited with {self.process.returncode}:\n{self.output()}")
+            # Up once its banner is out (its store PostgreSQL answers by then) and it answers a query.
+            if self.output().count(UP_BANNER) == banners_before:
+                time.sleep(0.1)
+                continue
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
                     conn.execute("SELECT 1")

@@ -160,7 +160,7 @@ class _EmbeddedCluster:
             except ClusterCommandFailed as exc:
                 # e.g. the killed postmaster's backends still hold its shared memory for a moment
                 failures += 1
-                delay = min(SUPERVISOR_BACKOFF_MAX_S, 0.5 * 2 ** failures)
+                delay = min(SUPERVISOR_BACKOFF_MAX_S, 0.25 * 2 ** failures)
                 log.error("restarting the store PostgreSQL failed (retrying in %.1f s): %s", delay, exc)
                 self._stopping.wait(delay)
 
@@ -183,6 +183,7 @@ class PostgresStore:
         self.data_dir = data_dir
         self.url = url
         self._ready = threading.Event()
+        self.started_in_s: float | None = None  # how long `start` took (initdb, pg_ctl start, or the URL's check)
         self._failure: BaseException | None = None
         self._embedded: _EmbeddedCluster | None = None
         self._passwords: RolePasswords | None = None
@@ -251,7 +252,8 @@ class PostgresStore:
             self._failure = StoreUnavailable(f"the store PostgreSQL is unavailable: {exc}")
             self._ready.set()
             raise self._failure from None
-        log.info("store PostgreSQL ready in %.2f s", time.monotonic() - began)
+        self.started_in_s = time.monotonic() - began
+        log.info("store PostgreSQL ready in %.2f s", self.started_in_s)
         self._ready.set()
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:

@@ -225,3 +225,26 @@ def test_mixed_formats_are_re_encoded_through_the_types_codec() -> None:
     with pytest.raises(HeadraceError) as unknown:
         raw_converter(600, TEXT_FORMAT, BINARY_FORMAT)  # point: no codec here
     assert unknown.value.sqlstate == "0A000"
+
+
+def test_a_table_headrace_cannot_keep_is_the_stores(adapter: AdapterClient) -> None:
+    async def body(session: SessionClient) -> None:
+        created = await run(session, "CREATE TABLE counted (id serial PRIMARY KEY, a int UNIQUE CHECK (a > 0))")
+        assert isinstance(created, CommandComplete) and created.tag == "CREATE TABLE"
+        assert any("kept by the store PostgreSQL only" in notice for notice in created.notices)
+        coordinator = adapter._coordinator  # type: ignore[attr-defined]
+        assert coordinator.catalog.find_table("public", "counted") is None
+        inserted = await run(session, "INSERT INTO counted (a) VALUES (5), (7) RETURNING id")
+        assert isinstance(inserted, SendingRows) and inserted.rows == [(b"1",), (b"2",)]
+        with pytest.raises(HeadraceError) as check:
+            await run(session, "INSERT INTO counted (a) VALUES (-1)")
+        assert check.value.sqlstate == "23514"  # PostgreSQL's CHECK
+        with pytest.raises(HeadraceError) as unique:
+            await run(session, "INSERT INTO counted (a) VALUES (5)")
+        assert unique.value.sqlstate == "23505"
+        assert await rows(session, "SELECT count(*) FROM counted") == [(b"2",)]
+        with pytest.raises(HeadraceError) as duplicate:  # a headrace relation's name stays headrace's
+            await run(session, "CREATE TABLE kept2 (k int PRIMARY KEY)")
+            await run(session, "CREATE TABLE kept2 (id serial)")
+        assert duplicate.value.sqlstate == "42P07"
+    drive(adapter, body)

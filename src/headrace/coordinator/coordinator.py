@@ -67,7 +67,7 @@ from headrace.errors import (
 from headrace.sql.ast import GrantPrivileges, SavepointStatement, ShowObjects, SubscribeStatement
 from headrace.sql.limits import off_loop
 from headrace.sql.parser import parse_client_statement, parse_statement
-from headrace.sql.table_statements import is_create_table, is_write, write_target
+from headrace.sql.table_statements import is_create_table, is_write, table_from_create, write_target
 from headrace.sql.select import is_query, plan_select, refuse_store_only_functions
 from headrace.sql.types import TEXT_OID
 from headrace.store.postgres_server import PostgresStore
@@ -161,6 +161,10 @@ class Coordinator:
                 return await self.passthrough.prepare(session, sql, param_types, None, describe=describe)
         if self.passthrough is not None and (self._is_postgres_statement(ast) or store_setting(session, ast)):
             return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
+        if self.passthrough is not None and (refusal := self._table_only_the_store_keeps(ast, sql)) is not None:
+            statement = await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
+            statement.notice = refusal
+            return statement
         if isinstance(ast, SESSION_STATEMENTS):
             return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))
         if is_query(ast):
@@ -233,6 +237,24 @@ class Coordinator:
         if is_create_table(ast) and not is_temporary_table(ast) and ast.expression is None:
             return False  # a headrace table: its writes feed the pipeline
         return not mentions_headrace(ast, self._relation_exists)
+
+    def _table_only_the_store_keeps(self, ast: exp.Expr, sql: str) -> str | None:
+        """A CREATE TABLE headrace's tables cannot keep (SERIAL, UNIQUE, CHECK, a DEFAULT it cannot evaluate, ...)
+        is created by the store PostgreSQL alone, as a plain PostgreSQL table with all of PostgreSQL's semantics:
+        the notice says so, and why materialized views, SUBSCRIBE and sinks cannot read it. None: headrace's."""
+        if not is_create_table(ast) or is_temporary_table(ast) or ast.expression is not None:
+            return None
+        target = ast.this.this if isinstance(ast.this, exp.Schema) else ast.this
+        if isinstance(target, exp.Table) and self._relation_exists(target.db or "public", target.name):
+            return None  # headrace says 42P07
+        try:
+            table_from_create("pending", ast, sql)
+        except FeatureNotSupported as refused:
+            return (f"the table is kept by the store PostgreSQL only ({refused.message}): queries see it, "
+                    "materialized views, SUBSCRIBE and sinks cannot read it")
+        except HeadraceError:
+            return None  # a bad definition: headrace's error
+        return None
 
     def close_session(self, session: Session) -> None:
         if self.passthrough is not None:

@@ -152,9 +152,10 @@ class Passthrough:
         result: BackendResult = await self._cancellable(
             backend, cancel, backend.connection.execute, statement.sql, params,
             statement.description.param_types if params else (), formats, result_format)
+        notices = (*result.notices, *([statement.notice] if statement.notice else []))
         if result.columns is None:
             portal.finished = True
-            return CommandComplete(result.tag, notices=tuple(result.notices))
+            return CommandComplete(result.tag, notices=notices)
         columns = tuple(_column(c, raw_format=result.result_format) for c in result.columns)
         portal.columns, portal.pending_rows = columns, result.rows
         if result.tag[-1:].isdigit():  # "SELECT 3", "INSERT 0 3": the count follows the rows paged out

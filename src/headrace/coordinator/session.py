@@ -43,6 +43,7 @@ class PreparedStatement:
     description: StatementDescription
     plan: SelectPlan | None = None
     backend: bool = False  # PostgreSQL's statement, run on the session's store backend (coordinator/passthrough.py)
+    notice: str | None = None  # said with its result (a table only the store PostgreSQL keeps)
 
 
 @dataclass(slots=True)

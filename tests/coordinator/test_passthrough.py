@@ -248,3 +248,16 @@ def test_a_table_headrace_cannot_keep_is_the_stores(adapter: AdapterClient) -> N
             await run(session, "CREATE TABLE kept2 (id serial)")
         assert duplicate.value.sqlstate == "42P07"
     drive(adapter, body)
+
+
+def test_headraces_relations_and_the_stores_are_not_mixed_yet(adapter: AdapterClient) -> None:
+    async def body(session: SessionClient) -> None:
+        await run(session, "CREATE TABLE ours (k int PRIMARY KEY)")
+        await run(session, "CREATE TEMP TABLE theirs (k int)")
+        with pytest.raises(HeadraceError) as mixed:
+            await run(session, "SELECT * FROM ours JOIN theirs USING (k)")
+        assert mixed.value.sqlstate == "0A000" and "theirs" in mixed.value.message
+        with pytest.raises(HeadraceError) as missing:  # nowhere at all: PostgreSQL's 42P01, as before
+            await run(session, "SELECT * FROM ours JOIN nowhere USING (k)")
+        assert missing.value.sqlstate == "42P01"
+    drive(adapter, body)

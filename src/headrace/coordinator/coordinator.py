@@ -167,6 +167,10 @@ class Coordinator:
             return statement
         if isinstance(ast, SESSION_STATEMENTS):
             return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))
+        if self.passthrough is not None and (is_query(ast) or is_write(ast) or isinstance(ast, SubscribeStatement)
+                                             or view_ddl.is_create_materialized_view(ast)):
+            # over headrace's relations, and naming the store's too
+            await self.passthrough.refuse_mixed(session, ast, self._relation_exists)
         if is_query(ast):
             # A large statement is planned off the event loop too: planning costs about what parsing did.
             plan = (await off_loop(plan_select, ast, self._relation_exists, param_types) if parsed_off_loop

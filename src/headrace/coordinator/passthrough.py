@@ -81,6 +81,21 @@ def mentions_headrace(ast: exp.Expr, relation_exists: RelationExists) -> bool:
     return False
 
 
+def unknown_relations(ast: exp.Expr, relation_exists: RelationExists) -> list[str]:
+    """The relations `ast` names that are neither headrace's, nor its catalog's, nor the statement's own CTEs."""
+    ctes = {cte.alias_or_name.lower() for cte in ast.find_all(exp.CTE)}
+    unknown = []
+    for table in ast.find_all(exp.Table):
+        name, schema = table.name, table.db.lower() if table.db else ""
+        if not name or schema in _HEADRACE_SCHEMAS or (not schema and name.lower() in ctes):
+            continue
+        if not schema and name.lower().startswith("pg_"):
+            continue  # pg_catalog's, which headrace answers
+        if not relation_exists(schema or "public", name) and not relation_exists(schema or "public", name.lower()):
+            unknown.append(f"{schema}.{name}" if schema else name)
+    return unknown
+
+
 def is_temporary_table(ast: exp.Expr) -> bool:
     properties = ast.args.get("properties")
     return properties is not None and any(isinstance(p, exp.TemporaryProperty) for p in properties.expressions)
@@ -161,6 +176,23 @@ class Passthrough:
         if result.tag[-1:].isdigit():  # "SELECT 3", "INSERT 0 3": the count follows the rows paged out
             return SendingRows(columns, [], result.tag.rsplit(" ", 1)[0])  # the coordinator pages (max_rows)
         return SendingRows(columns, [], tag=result.tag)
+
+    async def refuse_mixed(self, session: Session, ast: exp.Expr, relation_exists: RelationExists) -> None:
+        """A statement headrace runs (it reads headrace's relations) that also names relations only the store
+        PostgreSQL has cannot run yet: 0A000 saying so, rather than headrace's 42P01 for a relation that exists."""
+        unknown = unknown_relations(ast, relation_exists)
+        if not unknown:
+            return
+        backend = await self._backend(session)
+        literal = "ARRAY[" + ", ".join(_literal(name) for name in unknown) + "]::text[]"
+        found = await self._run(backend.connection.execute,
+                                f"SELECT n FROM unnest({literal}) AS n WHERE to_regclass(n) IS NOT NULL")
+        kept = [row[0].decode() for row in found.rows if row[0] is not None]
+        if kept:
+            raise HeadraceError(
+                f'relation "{kept[0]}" is kept by the store PostgreSQL only and cannot be used together with '
+                "headrace's sources, tables and views yet", sqlstate="0A000",
+                hint="query it on its own, or create the table so that headrace keeps it (docs/store.md)")
 
     # ---- the session's transaction and settings ----------------------------------------------
     async def after_session_statement(self, session: Session, ast: exp.Expr) -> None:
@@ -286,4 +318,5 @@ def _column(column: BackendColumn, raw_format: int = -1) -> Column:
     return Column(column.name, column.type_oid, column.type_size, column.type_modifier, raw_format)
 
 
-__all__ = ["Passthrough", "is_temporary_table", "mentions_headrace", "takes_unparsed"]
+__all__ = ["Passthrough", "is_temporary_table", "mentions_headrace", "store_setting", "takes_unparsed",
+           "unknown_relations"]

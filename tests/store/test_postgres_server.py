@@ -236,6 +236,14 @@ def test_drop_role_reassigns_what_it_owns(embedded: PostgresStore) -> None:
         == EMBEDDED_ADMIN_ROLE
     embedded.ensure_role("leaver", superuser=False)  # mirrored again after its drop, not remembered as mirrored
     assert _one(embedded.conninfo_for("leaver"), "SELECT current_user") == "leaver"
+    with psycopg.connect(embedded.admin_conninfo, autocommit=True) as conn:
+        conn.execute("DROP OWNED BY leaver")  # behind the store's back
+        conn.execute("DROP ROLE leaver")
+    embedded.ensure_role("leaver", superuser=False)  # remembered: nothing done
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(embedded.conninfo_for("leaver"), connect_timeout=5)
+    embedded.ensure_role("leaver", superuser=False, recheck=True)
+    assert _one(embedded.conninfo_for("leaver"), "SELECT current_user") == "leaver"
 
 
 def test_a_long_data_dir_puts_the_socket_in_tmp(tmp_path: Path) -> None:

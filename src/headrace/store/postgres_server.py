@@ -272,13 +272,14 @@ class PostgresStore:
         password = self._roles.password_of(role)
         return make_conninfo(**{**parameters, "user": role, **({"password": password} if password else {})})
 
-    def ensure_role(self, role: str, *, superuser: bool) -> None:
+    def ensure_role(self, role: str, *, superuser: bool, recheck: bool = False) -> None:
         """Mirror `role` as a login role that is never a PostgreSQL superuser (store/postgres_roles.py); idempotent,
-        free once done in this process. Raises RoleMirrorError for the admin role's name or a role of someone
+        free once done in this process unless `recheck` (after a login as `role` failed: it may have been dropped
+        behind this process's back). Blocking: call it off the event loop. Raises RoleMirrorError for the admin role's name or a role of someone
         else's, StoreUnavailable while the store is not running, psycopg.Error for anything the server refuses."""
         self.wait_ready()
         try:
-            self._roles.ensure(role, superuser=superuser)
+            self._roles.ensure(role, superuser=superuser, recheck=recheck)
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"the store PostgreSQL is unavailable: {exc}") from None
 

@@ -3,7 +3,7 @@
     with PostgresCluster(tmp_path / "pg") as cluster:
         dsn = cluster.create_database("sink_test")
 
-    shared_cluster().create_database("x")   # one cluster per test process, started on first use, stopped at exit
+    shared_cluster().create_database("x")   # one cluster per test process, started on first use, gone after it
 
 initdb and pg_ctl run as the embedded store does (headrace/store/postgres_cluster.py): as the `postgres` account when
 the tests run as root, the data directory given to it and its parents made traversable. The server listens on
@@ -13,11 +13,11 @@ peers: nothing needs to survive)."""
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import os
-import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -26,8 +26,8 @@ from typing import Self
 
 import psycopg
 
-from headrace.store.postgres_cluster import (find_bindir, give_to_account, initdb, log_tail, make_reachable,
-                                             pg_ctl_start, pg_ctl_stop, server_account)
+from headrace.store.postgres_cluster import (as_account, find_bindir, give_to_account, initdb, log_tail,
+                                             make_reachable, pg_ctl_start, pg_ctl_stop, server_account)
 
 _START_ATTEMPTS = 3  # a free port can be taken between probing and binding it
 
@@ -83,6 +83,11 @@ class PostgresCluster:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.dsn_of(name)
 
+    def stop_command(self) -> list[str]:
+        """`pg_ctl stop -m immediate` of this cluster, as its account runs it."""
+        return as_account(self._account, [str(self._bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "immediate",
+                                          "stop"])
+
     def stop(self) -> None:
         if self._running:
             pg_ctl_stop(self._bindir, self.datadir, account=self._account, mode="immediate")
@@ -99,19 +104,32 @@ class PostgresCluster:
 _shared: PostgresCluster | None = None
 _shared_lock = threading.Lock()
 _database_numbers = itertools.count(1)
+_shared_watchdog: subprocess.Popen[bytes] | None = None
+
+# Stops the shared cluster and removes its files once the test process is gone, however it ended (a clean exit, a
+# timeout's SIGTERM, kill -9): it waits for the end of its stdin, a pipe only the test process holds.
+_WATCHDOG = """
+import shutil, subprocess, sys
+sys.stdin.buffer.read()
+subprocess.run(sys.argv[2:], capture_output=True)
+shutil.rmtree(sys.argv[1], ignore_errors=True)
+"""
 
 
 def shared_cluster() -> PostgresCluster:
     """One cluster for every headrace server a test process starts (tests/e2e/server_process.py gives each a fresh
-    database in it: ~0.3 s, against ~1.5 s for a cluster of its own). Started on first use, stopped at exit."""
-    global _shared
+    database in it: ~0.3 s, against ~1.5 s for a cluster of its own). Started on first use; a watchdog process stops
+    it and removes its files once the test process has ended, however it ended."""
+    global _shared, _shared_watchdog
     with _shared_lock:
         if _shared is None:
             workdir = Path(tempfile.mkdtemp(prefix="headrace-test-store-"))
             # Many servers at once (session- and module-scoped ones), each with a connection per session.
             cluster = PostgresCluster(workdir, settings={"max_connections": "400", "fsync": "off"})
+            # Its own session: a signal to the test's process group does not end it before its work is done.
+            _shared_watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(workdir), *cluster.stop_command()],
+                                                stdin=subprocess.PIPE, start_new_session=True)
             cluster.start()
-            atexit.register(_remove_cluster, cluster)
             _shared = cluster
         return _shared
 
@@ -120,7 +138,3 @@ def new_store_database(prefix: str = "store") -> str:
     """A fresh database in the shared cluster for one headrace server's --store; returns its URL."""
     return shared_cluster().create_database(f"{prefix}_{os.getpid()}_{next(_database_numbers)}")
 
-
-def _remove_cluster(cluster: PostgresCluster) -> None:
-    cluster.stop()
-    shutil.rmtree(cluster.workdir, ignore_errors=True)

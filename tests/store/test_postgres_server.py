@@ -5,6 +5,7 @@ mirrored roles (never superusers), and an external server whose role is not a su
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -236,6 +237,14 @@ def test_drop_role_reassigns_what_it_owns(embedded: PostgresStore) -> None:
         == EMBEDDED_ADMIN_ROLE
     embedded.ensure_role("leaver", superuser=False)  # mirrored again after its drop, not remembered as mirrored
     assert _one(embedded.conninfo_for("leaver"), "SELECT current_user") == "leaver"
+    with psycopg.connect(embedded.admin_conninfo, autocommit=True) as conn:
+        conn.execute("DROP OWNED BY leaver")  # behind the store's back
+        conn.execute("DROP ROLE leaver")
+    embedded.ensure_role("leaver", superuser=False)  # remembered: nothing done
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(embedded.conninfo_for("leaver"), connect_timeout=5)
+    embedded.ensure_role("leaver", superuser=False, recheck=True)
+    assert _one(embedded.conninfo_for("leaver"), "SELECT current_user") == "leaver"
 
 
 def test_a_long_data_dir_puts_the_socket_in_tmp(tmp_path: Path) -> None:
@@ -244,6 +253,28 @@ def test_a_long_data_dir_puts_the_socket_in_tmp(tmp_path: Path) -> None:
     assert socket_dir.parent == Path("/tmp")
     assert socket_dir == _socket_directory(deep / "postgres")  # the same at every start
     assert _socket_directory(tmp_path / "postgres") == (tmp_path / "postgres").resolve() / "run"
+    store = PostgresStore.open(deep)
+    try:
+        assert _one(store.admin_conninfo, "SHOW unix_socket_directories") == str(socket_dir)
+        assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700
+    finally:
+        store.stop()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def test_a_planted_socket_directory_in_tmp_is_refused(tmp_path: Path) -> None:
+    """Someone else's symlink at the /tmp fallback path must not steer where the socket goes (or a chown as root)."""
+    deep = tmp_path / ("f" * 60) / ("g" * 60)
+    socket_dir = _socket_directory(deep / "postgres")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    socket_dir.symlink_to(target)
+    try:
+        with pytest.raises(StoreUnavailable, match="is not headrace's"):
+            PostgresStore.open(deep)
+        assert target.stat().st_uid == os.geteuid()
+    finally:
+        socket_dir.unlink()
 
 
 # --- external ---------------------------------------------------------------------------------------------------

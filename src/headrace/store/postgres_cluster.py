@@ -106,6 +106,22 @@ def give_to_account(path: Path, account: str | None, mode: int = 0o700) -> None:
     os.chmod(path, mode)
 
 
+def give_private_directory_in_shared_place(path: Path, account: str | None) -> None:
+    """Like `give_to_account`, for a directory in a place others may write (/tmp): one that exists already must be
+    a real directory (not a symlink) owned by `account` or by this process's user, else it is refused, so nobody
+    can steer root's chown to a path of their choosing."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        info = os.lstat(path)
+        owners = {os.geteuid(), pwd.getpwnam(account).pw_uid if account is not None else os.geteuid()}
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid not in owners:
+            raise ClusterCommandFailed(f"{path} exists and is not headrace's: remove it, or use a shorter --data-dir")
+    if account is not None:
+        os.lchown(path, pwd.getpwnam(account).pw_uid, pwd.getpwnam(account).pw_gid)
+    os.chmod(path, 0o700)  # a real directory, checked above
+
+
 def initdb(bindir: Path, datadir: Path, *, superuser: str, account: str | None, sync: bool = True) -> None:
     """A new cluster in `datadir` (its parent must belong to `account`): UTF8, C.UTF-8 collation, the bootstrap
     superuser named `superuser`, trust authentication (the caller writes the pg_hba.conf it wants)."""

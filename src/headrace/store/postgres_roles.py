@@ -27,6 +27,7 @@ from headrace.durable import replace_file_durably
 
 MIRROR_MARK = "headrace: mirrored role"
 PASSWORDS_FILE = "store_roles.json"
+_MIRROR_LOCK_KEY = 0x6865616472616365  # "headrace": the advisory lock of role mirroring
 _LOCKED_DOWN = sql.SQL("LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS")
 
 
@@ -90,10 +91,12 @@ class RoleMirror:
     def password_of(self, role: str) -> str | None:
         return self._passwords.get(role) if self._passwords is not None else None
 
-    def ensure(self, role: str, *, superuser: bool) -> None:
+    def ensure(self, role: str, *, superuser: bool, recheck: bool = False) -> None:
+        """`recheck`: look at the server even if this process mirrored the role already (someone else may have
+        dropped it: another headrace on the same external cluster, or a DBA)."""
         self._refuse_admin(role)
         with self._lock:
-            if self._mirrored.get(role) is superuser:
+            if self._mirrored.get(role) is superuser and not recheck:
                 return
             with self._connect() as conn:
                 existing = self._existing(conn, role)
@@ -125,7 +128,16 @@ class RoleMirror:
                 self._passwords.forget(role)
 
     def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
-        return psycopg.connect(self._admin_conninfo, autocommit=True, connect_timeout=10)
+        """The admin connection, holding the lock that serializes role mirroring in this database across
+        processes (until it closes): PostgreSQL fails concurrent GRANTs on one object with "tuple concurrently
+        updated" (XX000)."""
+        conn = psycopg.connect(self._admin_conninfo, autocommit=True, connect_timeout=10)
+        try:
+            conn.execute("SELECT pg_advisory_lock(%s)", (_MIRROR_LOCK_KEY,))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _refuse_admin(self, role: str) -> None:
         if role == self._admin_role:

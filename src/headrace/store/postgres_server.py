@@ -34,8 +34,9 @@ from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from headrace.store.postgres_cluster import (ClusterCommandFailed, PostgresNotInstalled, find_bindir, give_to_account,
-                                             initdb, log_tail, make_reachable, pg_ctl_start, pg_ctl_stop,
-                                             postmaster_pid, server_account, write_as_account)
+                                             give_private_directory_in_shared_place, initdb, log_tail, make_reachable,
+                                             pg_ctl_start, pg_ctl_stop, postmaster_pid, server_account,
+                                             write_as_account)
 from headrace.store.postgres_roles import PASSWORDS_FILE, RoleMirror, RoleMirrorError, RolePasswords
 
 __all__ = ["PostgresStore", "StoreUnavailable", "RoleMirrorError", "EMBEDDED_ADMIN_ROLE", "STORE_DATABASE"]
@@ -98,12 +99,16 @@ class _EmbeddedCluster:
         self._stop_server()
 
     def _prepare_directories(self) -> None:
+        self.root.parent.mkdir(parents=True, exist_ok=True)  # the data directory
         changed = make_reachable(self.root, self.account)
         if changed:
             log.warning("made %s traversable (search permission only) for the %s account that runs the store "
                         "PostgreSQL", ", ".join(map(str, changed)), self.account)
         give_to_account(self.root, self.account)
-        give_to_account(self.socket_dir, self.account)
+        if self.socket_dir.parent == self.root.resolve():
+            give_to_account(self.socket_dir, self.account)
+        else:  # the /tmp fallback for a long data directory path
+            give_private_directory_in_shared_place(self.socket_dir, self.account)
 
     def _reuse_running(self) -> bool:
         """A postmaster left running by a headrace that was killed: reuse it if it answers with our settings."""
@@ -272,13 +277,14 @@ class PostgresStore:
         password = self._roles.password_of(role)
         return make_conninfo(**{**parameters, "user": role, **({"password": password} if password else {})})
 
-    def ensure_role(self, role: str, *, superuser: bool) -> None:
+    def ensure_role(self, role: str, *, superuser: bool, recheck: bool = False) -> None:
         """Mirror `role` as a login role that is never a PostgreSQL superuser (store/postgres_roles.py); idempotent,
-        free once done in this process. Raises RoleMirrorError for the admin role's name or a role of someone
+        free once done in this process unless `recheck` (after a login as `role` failed: it may have been dropped
+        behind this process's back). Blocking: call it off the event loop. Raises RoleMirrorError for the admin role's name or a role of someone
         else's, StoreUnavailable while the store is not running, psycopg.Error for anything the server refuses."""
         self.wait_ready()
         try:
-            self._roles.ensure(role, superuser=superuser)
+            self._roles.ensure(role, superuser=superuser, recheck=recheck)
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"the store PostgreSQL is unavailable: {exc}") from None
 

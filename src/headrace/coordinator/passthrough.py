@@ -246,16 +246,20 @@ class Passthrough:
         if backend is not None and not backend.connection.closed:
             return backend
         role = session.user
-        await self._run(self._ensure_role, role)
-        connection = await self._run(BackendConnection, self.store.conninfo_for(role))
+        await self._run(self._ensure_role, role, False)
+        try:
+            connection = await self._run(BackendConnection, self.store.conninfo_for(role))
+        except HeadraceError:  # the mirrored role went away behind this process's back: mirror it again, once
+            await self._run(self._ensure_role, role, True)
+            connection = await self._run(BackendConnection, self.store.conninfo_for(role))
         settable = await self._run(_settable_names, connection)
         backend = self._backends[session.connection_id] = BackendState(connection, settable)
         return backend
 
-    def _ensure_role(self, role: str) -> None:
+    def _ensure_role(self, role: str, recheck: bool) -> None:
         """The session's role mirrored in the store (never a PostgreSQL superuser: store/postgres_roles.py)."""
         try:
-            self.store.ensure_role(role, superuser=self._is_superuser(role))
+            self.store.ensure_role(role, superuser=self._is_superuser(role), recheck=recheck)
         except StoreUnavailable as exc:
             raise HeadraceError(str(exc), sqlstate="57P03", http_status=503) from None
         except RoleMirrorError as exc:

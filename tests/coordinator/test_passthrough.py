@@ -12,25 +12,20 @@ from pathlib import Path
 import pytest
 
 from headrace.coordinator.client import AdapterClient, SessionClient
+from headrace.coordinator.passthrough import StoreRoutes
 from headrace.coordinator.responses import CommandComplete, ExecuteResponse, SendingRows
 from headrace.errors import HeadraceError
 from headrace.pgwire.types import BINARY_FORMAT, INT4, TEXT_FORMAT, raw_converter
 from headrace.store.postgres_server import PostgresStore
 from tests.coordinator.conftest import in_process_adapter
-from tests.real_servers.postgres import PostgresCluster
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresCluster]:
-    with PostgresCluster(tmp_path_factory.mktemp("store")) as running:
-        yield running
-
+from tests.real_servers.postgres import new_store_database
 
 @pytest.fixture
-def adapter(tmp_path: Path, cluster: PostgresCluster) -> Iterator[AdapterClient]:
-    database = f"store_{time.monotonic_ns()}"
+def adapter(tmp_path: Path) -> Iterator[AdapterClient]:
+    """An in-process coordinator whose store is a fresh database in the tests' shared PostgreSQL cluster."""
     data = tmp_path / "data"
     data.mkdir()
-    store = PostgresStore.open(data, cluster.create_database(database))
+    store = PostgresStore.open(data, new_store_database("passthrough"))
     with in_process_adapter(data, postgres=store) as client:
         yield client
         client._coordinator.passthrough.shutdown()  # type: ignore[attr-defined]
@@ -261,3 +256,13 @@ def test_headraces_relations_and_the_stores_are_not_mixed_yet(adapter: AdapterCl
             await run(session, "SELECT * FROM ours JOIN nowhere USING (k)")
         assert missing.value.sqlstate == "42P01"
     drive(adapter, body)
+
+
+def test_store_routes_remember_shapes_never_names() -> None:
+    routes = StoreRoutes()
+    routes.remember("generation 1", "SELECT 7/2, 'x''y' FROM \"t 1\" WHERE k = $1")
+    assert routes.is_postgres("generation 1", "SELECT 8/3, 'z' FROM \"t 1\" WHERE k = $2")
+    assert not routes.is_postgres("generation 1", "SELECT 8/3, 'z' FROM \"t 2\" WHERE k = $2")  # another name
+    assert not routes.is_postgres("generation 2", "SELECT 7/2, 'x''y' FROM \"t 1\" WHERE k = $1")  # catalog moved
+    routes.remember("generation 1", "SELECT E'\\\\'' FROM t")  # a backslash: literals not delimited safely
+    assert not routes.is_postgres("generation 1", "SELECT E'\\\\'' FROM t")

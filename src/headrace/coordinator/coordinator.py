@@ -151,6 +151,9 @@ class Coordinator:
         if cached is not None:
             return cached
         parsed_off_loop = ast is not None
+        if self.passthrough is not None and self.passthrough.routes.is_postgres(fingerprint, sql):
+            # a statement of this shape went to the store before: no parse, no planning (coordinator/passthrough.py)
+            return await self.passthrough.prepare(session, sql, param_types, None, describe=describe)
         if ast is None:
             try:
                 ast = parse_client_statement(sql)
@@ -158,8 +161,12 @@ class Coordinator:
                 if self.passthrough is None or refused.sqlstate != "42601" or not takes_unparsed(sql):
                     raise
                 # syntax headrace does not know: PostgreSQL's to run or to refuse with its own error
+                self.passthrough.routes.remember(fingerprint, sql)
                 return await self.passthrough.prepare(session, sql, param_types, None, describe=describe)
-        if self.passthrough is not None and (self._is_postgres_statement(ast) or store_setting(session, ast)):
+        if self.passthrough is not None and self._is_postgres_statement(ast):
+            self.passthrough.routes.remember(fingerprint, sql)
+            return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
+        if self.passthrough is not None and store_setting(session, ast):
             return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
         if self.passthrough is not None and (refusal := self._table_only_the_store_keeps(ast, sql)) is not None:
             statement = await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,12 +115,46 @@ def takes_unparsed(sql: str) -> bool:
     return _HEADRACE_WORDS.match(sql) is None
 
 
+class StoreRoutes:
+    """Which statement shapes went to the store PostgreSQL, so the next statement of the same shape skips headrace's
+    parser (about 0.5 ms of a statement's cost). A shape is the text with its literals and numbers blanked out: the
+    decision depends only on the statement's words and names, never on its literal values. Keyed by the plan cache's
+    fingerprint, which every catalog change moves. Text whose literals a regular expression cannot delimit safely
+    (backslashes, dollar quotes, comments) is never remembered."""
+
+    # a quoted identifier (kept: it is a name), a string literal, a number
+    _TOKENS = re.compile(r"(\"(?:[^\"]|\"\")*\")|'(?:[^']|'')*'|\b\d+(?:\.\d+)?(?:e[+-]?\d+)?\b", re.IGNORECASE)
+    _UNSAFE = ("\\", "$$", "--", "/*")
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._capacity = capacity
+        self._shapes: dict[tuple[Any, str], None] = {}
+
+    def is_postgres(self, fingerprint: Any, sql: str) -> bool:
+        shape = self._shape(sql)
+        return shape is not None and (fingerprint, shape) in self._shapes
+
+    def remember(self, fingerprint: Any, sql: str) -> None:
+        shape = self._shape(sql)
+        if shape is None:
+            return
+        if len(self._shapes) >= self._capacity:
+            self._shapes.clear()  # a client inventing shapes forever only empties it now and then
+        self._shapes[(fingerprint, shape)] = None
+
+    def _shape(self, sql: str) -> str | None:
+        if any(marker in sql for marker in self._UNSAFE) or len(sql) > 4096:
+            return None
+        return self._TOKENS.sub(lambda token: token.group(1) or "?", sql)
+
+
 @dataclass(slots=True)
 class BackendState:
     """A session's backend: the connection, the settings it was given, the savepoints it knows."""
 
     connection: BackendConnection
     settable: frozenset[str]
+    connection_id: int
     synced: dict[str, str] = field(default_factory=dict)
     savepoints: list[str] = field(default_factory=list)
 
@@ -128,13 +162,14 @@ class BackendState:
 class Passthrough:
     """Runs PostgreSQL's statements on each session's backend (see the module docstring)."""
 
-    def __init__(self, store: PostgresStore, is_superuser: Callable[[str], bool], max_sessions: int = 100) -> None:
+    def __init__(self, store: PostgresStore, is_superuser: Callable[[str], bool]) -> None:
         self.store = store
         self._is_superuser = is_superuser
-        # libpq calls block: one worker per running statement, never the coordinator's shared executor (a long
-        # PostgreSQL query must not starve headrace's own work)
-        self._executor = ThreadPoolExecutor(max_workers=max_sessions, thread_name_prefix="store-backend")
+        # What still blocks (a connection's start, mirroring a role, sending a cancel) runs here, never on the
+        # coordinator's shared executor; statements themselves are waited on by the event loop (store/backend.py).
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="store-backend")
         self._backends: dict[int, BackendState] = {}
+        self.routes = StoreRoutes()
 
     # ---- prepare / execute ------------------------------------------------------------------
     async def prepare(self, session: Session, sql: str, param_types: Sequence[int], ast: exp.Expr | None,
@@ -146,7 +181,7 @@ class Passthrough:
                                      backend=True)
         backend = await self._backend(session)
         await self._sync(session, backend)
-        description = await self._run(backend.connection.describe, sql, param_types)
+        description = await backend.connection.describe(sql, param_types)
         columns = None if description.columns is None else tuple(_column(c) for c in description.columns)
         return PreparedStatement(sql, ast, StatementDescription(description.param_types, columns,
                                                                 raw_parameters=True), backend=True)
@@ -155,7 +190,7 @@ class Passthrough:
         backend = await self._backend(session)
         await self._sync(session, backend)
         if session.in_block and not backend.connection.in_transaction:
-            await self._run(backend.connection.run, "BEGIN")
+            await backend.connection.run("BEGIN")
         statement = portal.statement
         pairs = [_wire_parameter(value, oid) for value, oid
                  in zip(portal.params, statement_param_types(portal.statement), strict=True)]
@@ -164,9 +199,8 @@ class Passthrough:
         result_format = BINARY_FORMAT if portal.binary or (
             portal.result_formats and all(code == BINARY_FORMAT for code in portal.result_formats)) else TEXT_FORMAT
         statement = portal.statement
-        result: BackendResult = await self._cancellable(
-            backend, cancel, backend.connection.execute, statement.sql, params,
-            statement.description.param_types if params else (), formats, result_format)
+        result: BackendResult = await self._cancellable(backend, cancel, backend.connection.execute(
+            statement.sql, params, statement.description.param_types if params else (), formats, result_format))
         notices = (*result.notices, *([statement.notice] if statement.notice else []))
         if result.columns is None:
             portal.finished = True
@@ -185,8 +219,7 @@ class Passthrough:
             return
         backend = await self._backend(session)
         literal = "ARRAY[" + ", ".join(_literal(name) for name in unknown) + "]::text[]"
-        found = await self._run(backend.connection.execute,
-                                f"SELECT n FROM unnest({literal}) AS n WHERE to_regclass(n) IS NOT NULL")
+        found = await backend.connection.execute(f"SELECT n FROM unnest({literal}) AS n WHERE to_regclass(n) IS NOT NULL")
         kept = [row[0].decode() for row in found.rows if row[0] is not None]
         if kept:
             raise HeadraceError(
@@ -202,7 +235,7 @@ class Passthrough:
             return
         connection = backend.connection
         if isinstance(ast, DiscardStatement) and str(ast.this).lower() == "all" and not connection.in_transaction:
-            await self._run(connection.run, "DISCARD ALL")  # temporary tables, prepared plans, settings go
+            await connection.run("DISCARD ALL")  # temporary tables, prepared plans, settings go
             backend.synced.clear()
             return
         if not connection.in_transaction:
@@ -210,7 +243,7 @@ class Passthrough:
                 backend.savepoints.clear()
             return
         if isinstance(ast, (exp.Commit, exp.Rollback)) and not session.in_block:
-            await self._run(connection.run, "COMMIT" if isinstance(ast, exp.Commit) else "ROLLBACK")
+            await connection.run("COMMIT" if isinstance(ast, exp.Commit) else "ROLLBACK")
             backend.savepoints.clear()
             backend.synced.clear()  # a rolled back (or failed) block took its settings back: set them again
         elif isinstance(ast, SavepointStatement):
@@ -218,27 +251,25 @@ class Passthrough:
             action = ast.args["action"]
             quoted = '"' + name.replace('"', '""') + '"'
             if action == "savepoint":
-                await self._run(connection.run, f"SAVEPOINT {quoted}")
+                await connection.run(f"SAVEPOINT {quoted}")
                 backend.savepoints.append(name)
             elif name in backend.savepoints:
                 verb = "ROLLBACK TO SAVEPOINT" if action == "rollback_to" else "RELEASE SAVEPOINT"
                 backend.synced.clear()
-                await self._run(connection.run, f"{verb} {quoted}")
+                await connection.run(f"{verb} {quoted}")
                 index = backend.savepoints.index(name)
                 del backend.savepoints[index + (1 if action == "rollback_to" else 0):]
 
     def close(self, session: Session) -> None:
         backend = self._backends.pop(session.connection_id, None)
         if backend is not None:
-            backend.connection.cancel()
-            self._executor.submit(backend.connection.close)
+            _close_soon(backend.connection, self._executor)
 
     def shutdown(self) -> None:
         for backend in self._backends.values():
-            backend.connection.cancel()
-            backend.connection.close()
+            _close_soon(backend.connection, self._executor)
         self._backends.clear()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown(wait=True, cancel_futures=False)
 
     # ---- helpers --------------------------------------------------------------------------------
     async def _backend(self, session: Session) -> BackendState:
@@ -248,12 +279,12 @@ class Passthrough:
         role = session.user
         await self._run(self._ensure_role, role, False)
         try:
-            connection = await self._run(BackendConnection, self.store.conninfo_for(role))
+            connection = await BackendConnection.open(self.store.conninfo_for(role))
         except HeadraceError:  # the mirrored role went away behind this process's back: mirror it again, once
             await self._run(self._ensure_role, role, True)
-            connection = await self._run(BackendConnection, self.store.conninfo_for(role))
-        settable = await self._run(_settable_names, connection)
-        backend = self._backends[session.connection_id] = BackendState(connection, settable)
+            connection = await BackendConnection.open(self.store.conninfo_for(role))
+        settable = await _settable_names(connection)
+        backend = self._backends[session.connection_id] = BackendState(connection, settable, session.connection_id)
         return backend
 
     def _ensure_role(self, role: str, recheck: bool) -> None:
@@ -275,26 +306,40 @@ class Passthrough:
             return
         assignments = ", ".join(f"set_config({_literal(name)}, {_literal(value)}, false)"
                                 for name, value in changed.items())
-        await self._run(backend.connection.run, f"SELECT {assignments}")
+        await backend.connection.run(f"SELECT {assignments}")
         backend.synced.update(changed)
 
     async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
 
-    async def _cancellable(self, backend: BackendState, cancel: asyncio.Event, function: Callable[..., Any],
-                           *args: Any) -> Any:
-        work = asyncio.ensure_future(self._run(function, *args))
+    async def _cancellable(self, backend: BackendState, cancel: asyncio.Event, work: Awaitable[Any]) -> Any:
+        running = asyncio.ensure_future(work)
         cancelled = asyncio.ensure_future(cancel.wait())
         try:
-            done, _ = await asyncio.wait({work, cancelled}, return_when=asyncio.FIRST_COMPLETED)
-            if work not in done:
-                backend.connection.cancel()  # PostgreSQL ends it with its own 57014
-            return await work
-        except asyncio.CancelledError:  # the client went away: the statement must not run on
-            backend.connection.cancel()
+            done, _ = await asyncio.wait({running, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+            if running not in done:
+                await self._run(backend.connection.cancel)  # PostgreSQL ends it with its own 57014
+            return await running
+        except asyncio.CancelledError:  # the client went away: the statement must not run on, nor the backend stay
+            self._backends.pop(backend.connection_id, None)
+            running.cancel()
+            self._executor.submit(_cancel_and_close, backend.connection)
             raise
         finally:
             cancelled.cancel()
+
+
+def _close_soon(connection: BackendConnection, executor: ThreadPoolExecutor) -> None:
+    """Close at once when idle; a statement still running is cancelled first, on a thread (cancel blocks)."""
+    if connection.busy:
+        executor.submit(_cancel_and_close, connection)
+    else:
+        connection.close()
+
+
+def _cancel_and_close(connection: BackendConnection) -> None:
+    connection.cancel()
+    connection.close()
 
 
 def statement_param_types(statement: PreparedStatement) -> tuple[int, ...]:
@@ -309,8 +354,8 @@ def _wire_parameter(value: Any, type_oid: int) -> tuple[int, bytes | None]:
     return TEXT_FORMAT, encode_value(type_oid, TEXT_FORMAT, value)
 
 
-def _settable_names(connection: BackendConnection) -> frozenset[str]:
-    result = connection.execute("SELECT name FROM pg_settings WHERE context = 'user'")
+async def _settable_names(connection: BackendConnection) -> frozenset[str]:
+    result = await connection.execute("SELECT name FROM pg_settings WHERE context = 'user'")
     return frozenset(row[0].decode().lower() for row in result.rows if row[0] is not None)
 
 
@@ -322,5 +367,5 @@ def _column(column: BackendColumn, raw_format: int = -1) -> Column:
     return Column(column.name, column.type_oid, column.type_size, column.type_modifier, raw_format)
 
 
-__all__ = ["Passthrough", "is_temporary_table", "mentions_headrace", "store_setting", "takes_unparsed",
+__all__ = ["Passthrough", "StoreRoutes", "is_temporary_table", "mentions_headrace", "store_setting", "takes_unparsed",
            "unknown_relations"]

@@ -5,16 +5,19 @@ answer is PostgreSQL's: its rows come back as the bytes PostgreSQL sent, in the 
 types and type modifiers PostgreSQL described, and its errors with every field PostgreSQL gave. Nothing here
 decodes a value: a cell goes from PostgreSQL's DataRow to the client's unchanged.
 
-Blocking by design (libpq's synchronous calls): the coordinator runs each call on a worker thread, never two at
-once for one connection, and cancels a running one with `cancel()`, which is safe from any thread."""
+libpq in non-blocking mode, waited on by the event loop (psycopg's own generators and wait_async, as its
+AsyncConnection does): no thread per statement. One call at a time per connection (the coordinator's possession
+rule). `cancel()` blocks (it opens a connection to send PostgreSQL's CancelRequest): call it on a thread."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from psycopg import pq
+import psycopg
+from psycopg import generators, pq
+from psycopg.waiting import wait_async
 
 from headrace.errors import HeadraceError
 
@@ -73,19 +76,18 @@ def _http_status(sqlstate: str) -> int:
 
 
 class BackendConnection:
-    """A libpq connection as one role; see the module docstring."""
+    """A libpq connection as one role; see the module docstring. Make one with `await BackendConnection.open()`."""
 
-    def __init__(self, conninfo: str) -> None:
-        self._pgconn = pq.PGconn.connect(conninfo.encode())
-        if self._pgconn.status != pq.ConnStatus.OK:
-            message = self._pgconn.get_error_message().strip() or "could not connect to the store"
-            self._pgconn.finish()
-            raise HeadraceError(f"the store PostgreSQL refused the connection: {message}", sqlstate="08001",
-                                http_status=503)
+    def __init__(self, pgconn: pq.PGconn) -> None:
+        self._pgconn = pgconn
+        self._pgconn.nonblocking = 1
         self._cancel = self._pgconn.get_cancel()
         self._notices: list[str] = []
         self._pgconn.notice_handler = self._on_notice
-        self._lock = threading.Lock()  # one call at a time: the coordinator's possession rule, enforced
+
+    @classmethod
+    async def open(cls, conninfo: str) -> BackendConnection:
+        return cls(await asyncio.to_thread(_connect, conninfo))  # libpq's connect blocks: once per session
 
     @property
     def backend_pid(self) -> int:
@@ -97,43 +99,45 @@ class BackendConnection:
         return self._pgconn.transaction_status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 
     @property
+    def busy(self) -> bool:
+        """A statement was sent and its results not all read (a client went away mid-statement)."""
+        return self._pgconn.transaction_status == pq.TransactionStatus.ACTIVE
+
+    @property
     def closed(self) -> bool:
         return self._pgconn.status != pq.ConnStatus.OK
 
-    def describe(self, sql: str, param_types: Sequence[int]) -> BackendDescription:
+    async def describe(self, sql: str, param_types: Sequence[int]) -> BackendDescription:
         """Parse `sql` as the unnamed statement and describe it (Parse + Describe S)."""
-        with self._lock:
-            prepared = self._pgconn.prepare(b"", sql.encode(), list(param_types) or None)
-            self._check(prepared)
-            described = self._pgconn.describe_prepared(b"")
-            self._check(described)
+        self._pgconn.send_prepare(b"", sql.encode(), list(param_types) or None)
+        self._check(await self._results())
+        self._pgconn.send_describe_prepared(b"")
+        described = self._check(await self._results())
         params = tuple(described.param_type(i) for i in range(described.nparams))
         return BackendDescription(params, _columns(described) if described.nfields else None)
 
-    def execute(self, sql: str, params: Sequence[bytes | None] = (), param_types: Sequence[int] = (),
-                param_formats: Sequence[int] = (), result_format: int = TEXT_FORMAT) -> BackendResult:
+    async def execute(self, sql: str, params: Sequence[bytes | None] = (), param_types: Sequence[int] = (),
+                      param_formats: Sequence[int] = (), result_format: int = TEXT_FORMAT) -> BackendResult:
         """Run one statement with its parameters as the client sent them, rows in `result_format`."""
-        with self._lock:
-            self._notices = []
-            if params or param_types or result_format != TEXT_FORMAT:
-                result = self._pgconn.exec_params(sql.encode(), list(params), list(param_types) or None,
-                                                  list(param_formats) or None, result_format)
-            else:
-                result = self._pgconn.exec_(sql.encode())  # simple protocol: one round trip, no Parse
-            self._check(result)
-            rows = [tuple(result.get_value(r, c) for c in range(result.nfields)) for r in range(result.ntuples)]
-            returns_rows = result.status == pq.ExecStatus.TUPLES_OK
-            return BackendResult((result.command_status or b"").decode(),
-                                 _columns(result) if returns_rows else None, rows, result_format,
-                                 self._notices)
+        self._notices = []
+        if params or param_types or result_format != TEXT_FORMAT:
+            self._pgconn.send_query_params(sql.encode(), list(params), list(param_types) or None,
+                                           list(param_formats) or None, result_format)
+        else:
+            self._pgconn.send_query(sql.encode())  # simple protocol: one round trip, no Parse
+        result = self._check(await self._results())
+        rows = [tuple(result.get_value(r, c) for c in range(result.nfields)) for r in range(result.ntuples)]
+        returns_rows = result.status == pq.ExecStatus.TUPLES_OK
+        return BackendResult((result.command_status or b"").decode(), _columns(result) if returns_rows else None,
+                             rows, result_format, self._notices)
 
-    def run(self, sql: str) -> None:
+    async def run(self, sql: str) -> None:
         """A statement of headrace's own (BEGIN, COMMIT, a setting): its result is not the client's."""
-        with self._lock:
-            self._check(self._pgconn.exec_(sql.encode()))
+        self._pgconn.send_query(sql.encode())
+        self._check(await self._results())
 
     def cancel(self) -> None:
-        """Ask PostgreSQL to end the running statement (57014); harmless when none runs."""
+        """Ask PostgreSQL to end the running statement (57014); harmless when none runs. Blocks: run on a thread."""
         try:
             self._cancel.cancel()
         except pq.PQerror:
@@ -142,26 +146,54 @@ class BackendConnection:
     def close(self) -> None:
         self._pgconn.finish()
 
+    async def _results(self) -> list[pq.PGresult]:
+        try:
+            results = await wait_async(generators.execute(self._pgconn), self._pgconn.socket)
+            if results and results[-1].status == pq.ExecStatus.COPY_IN:  # not relayed: refuse it, stay usable
+                await wait_async(generators.copy_end(self._pgconn, b"COPY is not relayed to the store"),
+                                 self._pgconn.socket)
+                results += await wait_async(generators.fetch_many(self._pgconn), self._pgconn.socket)
+            elif results and results[-1].status == pq.ExecStatus.COPY_OUT:
+                while isinstance(await wait_async(generators.copy_from(self._pgconn), self._pgconn.socket),
+                                 memoryview):
+                    pass
+                results += await wait_async(generators.fetch_many(self._pgconn), self._pgconn.socket)
+            return results
+        except psycopg.OperationalError as exc:
+            raise HeadraceError(f"lost the connection to the store PostgreSQL: {exc}", sqlstate="08006",
+                                http_status=503) from None
+
     def _on_notice(self, result: pq.PGresult) -> None:
         message = result.error_field(_DIAGNOSTIC.MESSAGE_PRIMARY)
         if message:
             self._notices.append(message.decode("utf-8", "replace"))
 
-    def _check(self, result: pq.PGresult | None) -> None:
-        if result is None or result.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.BAD_RESPONSE,
-                                               pq.ExecStatus.NONFATAL_ERROR):
-            fallback = self._pgconn.get_error_message().strip() or "the store PostgreSQL failed"
-            if self._pgconn.status != pq.ConnStatus.OK:
-                raise HeadraceError(f"lost the connection to the store PostgreSQL: {fallback}", sqlstate="08006",
-                                    http_status=503)
-            raise BackendError(result, fallback)
-        if result.status in (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH):
-            # The COPY sub-protocol to the store is not relayed: leave the backend usable, refuse clearly.
-            self._pgconn.put_copy_end(b"COPY is not relayed to the store")
-            while self._pgconn.get_result() is not None:
-                pass
-            raise HeadraceError("COPY of relations kept only by the store PostgreSQL is not supported yet",
-                                sqlstate="0A000", http_status=400)
+    def _check(self, results: list[pq.PGresult]) -> pq.PGresult:
+        """The statement's result (the last one), or its error raised as PostgreSQL's."""
+        for result in results:
+            if result.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.BAD_RESPONSE,
+                                 pq.ExecStatus.NONFATAL_ERROR):
+                fallback = self._pgconn.get_error_message().strip() or "the store PostgreSQL failed"
+                if self._pgconn.status != pq.ConnStatus.OK:
+                    raise HeadraceError(f"lost the connection to the store PostgreSQL: {fallback}",
+                                        sqlstate="08006", http_status=503)
+                raise BackendError(result, fallback)
+            if result.status in (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH):
+                raise HeadraceError("COPY of relations kept only by the store PostgreSQL is not supported yet",
+                                    sqlstate="0A000", http_status=400)
+        if not results:
+            raise HeadraceError("the store PostgreSQL returned no result", sqlstate="08006", http_status=503)
+        return results[-1]
+
+
+def _connect(conninfo: str) -> pq.PGconn:
+    pgconn = pq.PGconn.connect(conninfo.encode())
+    if pgconn.status != pq.ConnStatus.OK:
+        message = pgconn.get_error_message().strip() or "could not connect to the store"
+        pgconn.finish()
+        raise HeadraceError(f"the store PostgreSQL refused the connection: {message}", sqlstate="08001",
+                            http_status=503)
+    return pgconn
 
 
 def _columns(result: pq.PGresult) -> tuple[BackendColumn, ...]:

@@ -292,3 +292,30 @@ def test_row_path_documents_of_the_exact_types(server: ThreadedDriverServer, sto
     assert store.snapshot(("t",), "tbl").rows == [row]
     assert [change[1:] for change in store.changes_since(("t",), 0).rows][-1] == (1, *row)
     runtime.close()
+
+
+def test_source_rows_the_store_refuses_are_quarantined(server: ThreadedDriverServer,
+                                                       store: PostgresServingStore) -> None:
+    types = {"log_offset": "BIGINT", "body": "JSON", "received_at": "TIMESTAMPTZ"}
+    path = ("headrace_internal", "source_q")
+    spec = MaterializationSpec("source_q", (Binding(path, ("log_offset",), ("body", "received_at"), types),))
+    runtime = server.runtime(spec)
+    runtime.open()
+    bodies = ['{"a":1}', '{"nul":"\\u0000"}', '{"a":2}', "not json", '{"a":3}']
+    rows = pa.table({"log_offset": pa.array(range(5), pa.int64()), "body": pa.array(bodies),
+                     "received_at": pa.array([1_700_000_000_000_000 + i for i in range(5)], pa.int64())})
+    predicted = [[10, 1_700_000_000_000_010, "22021", "invalid byte sequence for encoding \"UTF8\""]]
+    runtime.transact([], {"n": 1, "quarantined": predicted, "quarantined_from": "public.q"},
+                     [StoreColumns(0, rows=rows)])
+    assert [row[0] for row in store.snapshot(path, "source_q").rows] == [0, 2, 4]
+    assert sorted(row[2] for row in store.changes_since(path, 0).rows) == [0, 2, 4]
+    with psycopg.connect(store.conninfo) as conn:
+        quarantined = conn.execute(
+            "SELECT source, log_offset, received_at = timestamptz 'epoch' + (1700000000000000 + log_offset) * "
+            "interval '1 microsecond', sqlstate, reason FROM headrace_internal.quarantine ORDER BY log_offset"
+        ).fetchall()
+    assert [row[:4] for row in quarantined] == [("public.q", 1, True, "22P05"), ("public.q", 3, True, "22P02"),
+                                                ("public.q", 10, True, "22021")]
+    assert "unsupported Unicode escape sequence" in quarantined[0][4]
+    assert "invalid input syntax for type json" in quarantined[1][4]
+    runtime.close()

@@ -6,6 +6,8 @@ Same layout and names as the DuckDB store, so `qualified_name` / `changelog_tabl
   * `headrace_internal.checkpoints` (materialization, key range, fence, checkpoint jsonb, committed_at bigint: the
     commit timestamp of the range's latest transaction), written by the PostgreSQL serving driver
     (materialize/drivers/postgres_serving.py) in the same transaction as the data;
+  * `headrace_internal.quarantine`: the quarantined log records (store/quarantine.py's columns), written by the
+    driver in the transaction of the batch that quarantined them;
   * per binding table a changelog headrace_internal."changes_<schema>.<table>" (hr_timestamp bigint, hr_diff
     integer, then the table's columns) and its `since` frontier in `headrace_internal.changelog_frontiers`.
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,6 +40,7 @@ from headrace.errors import FeatureNotSupported, InternalError
 from headrace.materialize.drivers.postgres_sql import duckdb_type, pg_type
 from headrace.materialize.drivers.postgres_tables import existing_columns, primary_key
 from headrace.materialize.protocol import Binding
+from headrace.store.quarantine import QUARANTINE_FIELD, QUARANTINE_SOURCE_FIELD, QUARANTINE_TABLE
 from headrace.store.serving import (
     CHANGELOG_COLUMNS,
     CHANGELOG_PREFIX,
@@ -81,6 +84,23 @@ def column_type(type_name: str) -> str:
                                   hint=f"supported: {', '.join(sorted(SUPPORTED_TYPES))}, DECIMAL(p,s), DATE, "
                                        "TIMESTAMP, UUID, INTERVAL")
     return pg_type(canonical)
+
+
+def record_quarantined(cursor: psycopg.Cursor[Any], materialization: str, runtime_checkpoint: dict[str, Any],
+                       refused: Sequence[list[Any]] = ()) -> int:
+    """store/quarantine.py's record_quarantined on PostgreSQL: the checkpoint's quarantined records and the
+    driver's own `refused` entries ([log_offset, received_at_us, sqlstate, reason]) into
+    headrace_internal.quarantine, a record met again ignored by its key. Within the caller's transaction."""
+    entries = [*(runtime_checkpoint.get(QUARANTINE_FIELD) or ()), *refused]
+    if not entries:
+        return 0
+    source = str(runtime_checkpoint.get(QUARANTINE_SOURCE_FIELD, materialization))
+    cursor.executemany(
+        f"INSERT INTO {QUARANTINE_TABLE} VALUES (%s, %s, %s, timestamptz 'epoch' + %s * interval '1 microsecond', "
+        "%s, %s, now()) ON CONFLICT DO NOTHING",
+        [(source, materialization, int(entry[0]), None if entry[1] is None else int(entry[1]), str(entry[2]),
+          str(entry[3])) for entry in entries])
+    return len(entries)
 
 
 class ConnectionPool:
@@ -152,6 +172,10 @@ class PostgresServingStore:
                          "checkpoint jsonb, committed_at bigint, PRIMARY KEY (materialization, key_begin, key_end))")
             conn.execute(f"CREATE TABLE IF NOT EXISTS {FRONTIERS_TABLE} (changelog text PRIMARY KEY, "
                          "since bigint NOT NULL)")
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {QUARANTINE_TABLE} (source text NOT NULL, "
+                         "materialization text NOT NULL, log_offset bigint NOT NULL, received_at timestamptz, "
+                         "sqlstate text NOT NULL, reason text NOT NULL, quarantined_at timestamptz NOT NULL, "
+                         "PRIMARY KEY (materialization, log_offset))")
             row = conn.execute(f"SELECT max(committed_at) FROM {CHECKPOINTS_TABLE}").fetchone()
             conn.commit()
         self._last_timestamp = int(row[0]) if row and row[0] is not None else 0

@@ -278,6 +278,10 @@ class PostgresTransactor:
     def _committed(self) -> None:
         """Called once a commit is durable."""
 
+    def _insert(self, cursor: psycopg.Cursor[Any], plan: TablePlan, rows: pa.Table, computed_document: bool,
+                timestamp: int | None) -> None:
+        plan.insert(cursor, rows, computed_document, timestamp)
+
     def _fence_off_others(self, conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
         """Bump the fence of every overlapping range (split parents too, as Flow's SQL drivers do), then take the
         narrowest covering row's fence and checkpoint; a new range's row inherits them."""
@@ -427,7 +431,7 @@ class PostgresTransactor:
                             plan.update(cursor, updated, not with_document, timestamp)
                         new = parts.tables("new", with_document)
                         if new is not None:
-                            plan.insert(cursor, new, not with_document, timestamp)
+                            self._insert(cursor, plan, new, not with_document, timestamp)
                 if self._record_commit(cursor, runtime_checkpoint, timestamp) != 1:
                     raise FencedOff(f"materialization {self._name} fenced off by another runtime "
                                     f"(fence {self._fence})")

@@ -273,6 +273,11 @@ class TablePlan:
                        f"JOIN {self._rows_table} AS s ON {self._key_match}), new AS ({update} RETURNING t.*) "
                        f"{self._changelog_insert(1, 'new')} FROM new", [at, at])
 
+    def check_rows(self, cursor: psycopg.Cursor[Any], rows: pa.Table) -> None:
+        """COPY `rows` into the temporary rows table only: raises what PostgreSQL refuses in them (the caller
+        rolls back to a savepoint afterwards either way)."""
+        self._copy(cursor, self._rows_table, self._names(rows), rows)
+
     def insert(self, cursor: psycopg.Cursor[Any], rows: pa.Table, computed_document: bool,
                at: int | None = None) -> None:
         if self.document is None or not computed_document:

@@ -17,7 +17,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from headrace.errors import FeatureNotSupported, InternalError
+from headrace.errors import FeatureNotSupported, HeadraceError, InternalError
 from headrace.materialize.conformance import run_conformance
 from headrace.materialize.conformance.report import FAIL, PASS
 from headrace.materialize.conformance.targets import DriverUnderTest
@@ -319,3 +319,14 @@ def test_source_rows_the_store_refuses_are_quarantined(server: ThreadedDriverSer
     assert "unsupported Unicode escape sequence" in quarantined[0][4]
     assert "invalid input syntax for type json" in quarantined[1][4]
     runtime.close()
+
+
+def test_a_name_postgresql_would_truncate_is_refused(store: PostgresServingStore) -> None:
+    """A changelog's name is 26 bytes longer than a headrace_internal table's: beyond 63 PostgreSQL truncates."""
+    longest = ("headrace_internal", "v" * 37)
+    store.apply(Binding(longest, ("id",), (), {"id": "BIGINT"}))
+    assert store.columns(longest) is not None
+    with pytest.raises(HeadraceError, match="too long") as refused:
+        store.apply(Binding(("headrace_internal", "v" * 38), ("id",), (), {"id": "BIGINT"}))
+    assert refused.value.sqlstate == "42622" and refused.value.hint == "use a name of at most 37 bytes"
+    assert store.columns(("headrace_internal", "v" * 38)) is None

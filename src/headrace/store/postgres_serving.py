@@ -36,8 +36,8 @@ from typing import Any
 import psycopg
 from psycopg.types.string import TextLoader
 
-from headrace.errors import FeatureNotSupported, InternalError
-from headrace.materialize.drivers.postgres_sql import duckdb_type, pg_type
+from headrace.errors import FeatureNotSupported, HeadraceError, InternalError
+from headrace.materialize.drivers.postgres_sql import MAX_IDENTIFIER_BYTES, duckdb_type, pg_type
 from headrace.materialize.drivers.postgres_tables import existing_columns, primary_key
 from headrace.materialize.protocol import Binding
 from headrace.store.quarantine import QUARANTINE_FIELD, QUARANTINE_SOURCE_FIELD, QUARANTINE_TABLE
@@ -84,6 +84,17 @@ def column_type(type_name: str) -> str:
                                   hint=f"supported: {', '.join(sorted(SUPPORTED_TYPES))}, DECIMAL(p,s), DATE, "
                                        "TIMESTAMP, UUID, INTERVAL")
     return pg_type(canonical)
+
+
+def _check_name_lengths(resource_path: tuple[str, ...]) -> None:
+    """PostgreSQL truncates a name beyond 63 bytes (with a NOTICE): two long names would become one relation."""
+    schema, table = schema_and_table(resource_path)
+    changelog = changelog_name(resource_path)
+    if max(len(schema.encode()), len(changelog.encode())) > MAX_IDENTIFIER_BYTES:
+        room = MAX_IDENTIFIER_BYTES - (len(changelog.encode()) - len(table.encode()))
+        raise HeadraceError(f'name "{table}" is too long for the serving store: its changelog "{changelog}" would '
+                            f"exceed PostgreSQL's {MAX_IDENTIFIER_BYTES} bytes", sqlstate="42622", http_status=400,
+                            hint=f"use a name of at most {room} bytes")
 
 
 def record_quarantined(cursor: psycopg.Cursor[Any], materialization: str, runtime_checkpoint: dict[str, Any],
@@ -209,6 +220,7 @@ class PostgresServingStore:
             raise InternalError(f"binding {binding.resource_path} has no type for columns {missing}")
         if len(set(binding.columns)) != len(binding.columns):
             raise InternalError(f"binding {binding.resource_path} names a column twice: {binding.columns}")
+        _check_name_lengths(binding.resource_path)
         types: dict[str, str] = {}
         for column in binding.columns:
             if column in CHANGELOG_COLUMNS:

@@ -66,6 +66,9 @@ def _schema_and_table(resource_path: tuple[str, ...]) -> tuple[str, str]:
     return (resource_path[0], resource_path[1]) if len(resource_path) > 1 else (PUBLIC_SCHEMA, resource_path[0])
 
 
+schema_and_table = _schema_and_table  # shared with store/postgres_serving.py
+
+
 def qualified_name(resource_path: tuple[str, ...]) -> str:
     """("headrace_internal", "source_u1") -> "headrace_internal"."source_u1"; a 1-part path lives in public."""
     return ".".join(quote_ident(part) for part in _schema_and_table(resource_path))

@@ -159,7 +159,7 @@ def test_validate_answers_a_constraint_per_field(host: HostedDriver, dsn: str, s
     validated = runtime.validate([ValidateBinding((schema, "sink"), ("k",), fields)])
     constraints = {name: c.type for name, c in validated.bindings[0].constraints.items()}
     assert constraints == {"k": LOCATION_REQUIRED, **{name: LOCATION_RECOMMENDED for name in VALUES},
-                           "n": INCOMPATIBLE, "iv": INCOMPATIBLE, "tiny": INCOMPATIBLE, "lst": INCOMPATIBLE,
+                           "n": INCOMPATIBLE, "iv": LOCATION_RECOMMENDED, "tiny": INCOMPATIBLE, "lst": INCOMPATIBLE,
                            "doc": FIELD_FORBIDDEN}
     assert "integer, not bigint" in validated.bindings[0].constraints["n"].reason
     runtime.close()

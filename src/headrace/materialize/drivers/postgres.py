@@ -227,13 +227,10 @@ class PostgresTransactor:
 
     def open(self, open: Open) -> Opened:
         spec = open.spec
-        apply_spec(spec)  # idempotent: nothing to do once Apply ran; refuses a table that no longer fits
-        _, document_column = parse_config(spec.config)
-        self._conn = conn = connect(spec.config)
+        self._conn = conn = self._prepare(spec)
         self._name, self._key_range, self._schema = spec.name, (open.key_begin, open.key_end), _schema_of(spec)
         try:
-            self._plans = [TablePlan(i, *resource(b.resource_path), b, document_column)
-                           for i, b in enumerate(spec.bindings)]
+            self._plans = self._make_plans(spec)
             for plan in self._plans:
                 conn.execute(plan.create_temporary_sql)
             checkpoint = self._fence_off_others(conn)
@@ -242,11 +239,54 @@ class PostgresTransactor:
             raise _sql_error(exc, "open") from exc
         return Opened(runtime_checkpoint=checkpoint)
 
+    # The hooks the serving store's transactor (drivers/postgres_serving.py) overrides.
+
+    def _prepare(self, spec: MaterializationSpec) -> psycopg.Connection[Any]:
+        """Apply the spec (idempotent: nothing to do once Apply ran; refuses a table that no longer fits) and
+        connect."""
+        apply_spec(spec)
+        return connect(spec.config)
+
+    def _make_plans(self, spec: MaterializationSpec) -> list[TablePlan]:
+        _, document_column = parse_config(spec.config)
+        return [TablePlan(i, *resource(b.resource_path), b, document_column) for i, b in enumerate(spec.bindings)]
+
+    @property
+    def _checkpoints_table(self) -> str:
+        return f"{ident(self._schema)}.{CHECKPOINTS}"
+
+    def _commit_timestamp(self) -> int | None:
+        """The commit's timestamp for changelog rows (None: the sink keeps no changelog)."""
+        return None
+
+    def _record_commit(self, cursor: psycopg.Cursor[Any], runtime_checkpoint: dict[str, Any],
+                       timestamp: int | None) -> int:
+        """The transaction's last statement: the fenced checkpoint update and, only if it matched, the history
+        row. Returns the checkpoint rows updated (1, or 0 when fenced off)."""
+        if self._commits % self._prune_every == 0:
+            self._prune_history(cursor)
+        history = f"{ident(self._schema)}.{HISTORY}"
+        cursor.execute(
+            f"WITH ours AS (UPDATE {self._checkpoints_table} SET checkpoint = %s, committed_at = now() "
+            "WHERE materialization = %s AND key_begin = %s AND key_end = %s AND fence = %s "
+            "RETURNING materialization, key_begin, key_end, fence, checkpoint, committed_at) "
+            f"INSERT INTO {history} (materialization, key_begin, key_end, fence, checkpoint, committed_at) "
+            "SELECT * FROM ours",
+            [Jsonb(runtime_checkpoint), self._name, *self._key_range, self._fence])
+        return cursor.rowcount
+
+    def _committed(self) -> None:
+        """Called once a commit is durable."""
+
+    def _insert(self, cursor: psycopg.Cursor[Any], plan: TablePlan, rows: pa.Table, computed_document: bool,
+                timestamp: int | None) -> None:
+        plan.insert(cursor, rows, computed_document, timestamp)
+
     def _fence_off_others(self, conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
         """Bump the fence of every overlapping range (split parents too, as Flow's SQL drivers do), then take the
         narrowest covering row's fence and checkpoint; a new range's row inherits them."""
         begin, end = self._key_range
-        table = f"{ident(self._schema)}.{CHECKPOINTS}"
+        table = self._checkpoints_table
         for _ in range(2):  # twice if another runtime inserted the new range's row meanwhile: then fence it off
             conn.execute(f"UPDATE {table} SET fence = fence + 1 "
                          "WHERE materialization = %s AND key_begin <= %s AND key_end >= %s", [self._name, end, begin])
@@ -377,6 +417,7 @@ class PostgresTransactor:
         """Apply every staged Store and the checkpoint in one transaction, the fenced checkpoint update last."""
         conn = self._active()
         staged, self._staged = self._staged, {}
+        timestamp = self._commit_timestamp()
         try:
             with conn.cursor() as cursor:
                 for binding, parts in staged.items():
@@ -384,29 +425,18 @@ class PostgresTransactor:
                     for with_document in (False, True):
                         deleted = parts.tables("deleted", with_document)
                         if deleted is not None:
-                            plan.delete(cursor, deleted)
+                            plan.delete(cursor, deleted, timestamp)
                         updated = parts.tables("updated", with_document)
                         if updated is not None:
-                            plan.update(cursor, updated, computed_document=not with_document)
+                            plan.update(cursor, updated, not with_document, timestamp)
                         new = parts.tables("new", with_document)
                         if new is not None:
-                            plan.insert(cursor, new, computed_document=not with_document)
-                if self._commits % self._prune_every == 0:
-                    self._prune_history(cursor)
-                history = f"{ident(self._schema)}.{HISTORY}"
-                # The last statement: the fenced checkpoint update and, only if it matched, the history row.
-                cursor.execute(
-                    f"WITH ours AS (UPDATE {ident(self._schema)}.{CHECKPOINTS} "
-                    "SET checkpoint = %s, committed_at = now() "
-                    "WHERE materialization = %s AND key_begin = %s AND key_end = %s AND fence = %s "
-                    "RETURNING materialization, key_begin, key_end, fence, checkpoint, committed_at) "
-                    f"INSERT INTO {history} (materialization, key_begin, key_end, fence, checkpoint, committed_at) "
-                    "SELECT * FROM ours",
-                    [Jsonb(runtime_checkpoint), self._name, *self._key_range, self._fence])
-                if cursor.rowcount != 1:
+                            self._insert(cursor, plan, new, not with_document, timestamp)
+                if self._record_commit(cursor, runtime_checkpoint, timestamp) != 1:
                     raise FencedOff(f"materialization {self._name} fenced off by another runtime "
                                     f"(fence {self._fence})")
             self._end(commit=True)
+            self._committed()
         except psycopg.Error as exc:
             self._end(commit=False)
             raise _sql_error(exc, "commit") from exc

@@ -125,8 +125,14 @@ class TablePlan:
     commit): `headrace_keys_<i>` for Loads and deletions, `headrace_rows_<i>` for updates (and new rows when the
     document column is computed from the columns)."""
 
-    def __init__(self, index: int, schema: str, table: str, binding: Binding, document_column: str | None) -> None:
+    def __init__(self, index: int, schema: str, table: str, binding: Binding, document_column: str | None,
+                 changelog: str | None = None, table_columns: list[str] | None = None) -> None:
+        """`changelog` (the serving store, store/postgres_serving.py): the quoted changelog table, which every
+        write also feeds at the commit's timestamp (-1 for each old row, with all `table_columns`, +1 for each
+        new one), in the same statement as the write."""
         self.display = f"{schema}.{table}"
+        self.changelog = changelog
+        self._every_column = [ident(c) for c in (table_columns or [])]
         self.target = f"{ident(schema)}.{ident(table)}"
         self.delta = binding.delta_updates
         self.keys = [column(name, binding.column_types[name]) for name in binding.key]
@@ -227,11 +233,26 @@ class TablePlan:
 
     # ------------------------------------------------------------------------------------------ writes
 
-    def delete(self, cursor: psycopg.Cursor[Any], keys: pa.Table) -> None:
-        self.copy_keys(cursor, keys, with_ord=False)
-        cursor.execute(f"DELETE FROM {self.target} AS t USING {self._keys_table} AS s WHERE {self._key_match}")
+    def _logged(self, at: int | None) -> bool:
+        if self.changelog is not None and at is None:
+            raise ValueError(f"{self.display} keeps a changelog: a write needs the commit's timestamp")
+        return self.changelog is not None
 
-    def update(self, cursor: psycopg.Cursor[Any], rows: pa.Table, computed_document: bool) -> None:
+    def _changelog_insert(self, diff: int, source: str) -> str:
+        columns = ", ".join(self._every_column)
+        return (f"INSERT INTO {self.changelog} (hr_timestamp, hr_diff, {columns}) "
+                f"SELECT %s, {diff}, {', '.join(f'{source}.{c}' for c in self._every_column)}")
+
+    def delete(self, cursor: psycopg.Cursor[Any], keys: pa.Table, at: int | None = None) -> None:
+        self.copy_keys(cursor, keys, with_ord=False)
+        delete = f"DELETE FROM {self.target} AS t USING {self._keys_table} AS s WHERE {self._key_match}"
+        if not self._logged(at):
+            cursor.execute(delete)
+            return
+        cursor.execute(f"WITH gone AS ({delete} RETURNING t.*) {self._changelog_insert(-1, 'gone')} FROM gone", [at])
+
+    def update(self, cursor: psycopg.Cursor[Any], rows: pa.Table, computed_document: bool,
+               at: int | None = None) -> None:
         assignments = [f"{c.sql} = s.{c.sql}" for c in self.values]
         if self.document is not None:
             document = document_object(self.columns, "s") if computed_document else f"s.{self.document_sql}"
@@ -242,12 +263,29 @@ class TablePlan:
         # at 100,000 changed rows, and rows stored again unchanged are rare (a changelog's unchanged rewrite
         # consolidates to nothing).
         self._copy(cursor, self._rows_table, self._names(rows), rows)
-        cursor.execute(f"UPDATE {self.target} AS t SET {', '.join(assignments)} FROM {self._rows_table} AS s "
-                       f"WHERE {self._key_match}")
+        update = (f"UPDATE {self.target} AS t SET {', '.join(assignments)} FROM {self._rows_table} AS s "
+                  f"WHERE {self._key_match}")
+        if not self._logged(at):
+            cursor.execute(update)
+            return
+        # One statement, so the retraction reads the rows as they were before the UPDATE (one snapshot).
+        cursor.execute(f"WITH old AS ({self._changelog_insert(-1, 't')} FROM {self.target} AS t "
+                       f"JOIN {self._rows_table} AS s ON {self._key_match}), new AS ({update} RETURNING t.*) "
+                       f"{self._changelog_insert(1, 'new')} FROM new", [at, at])
 
-    def insert(self, cursor: psycopg.Cursor[Any], rows: pa.Table, computed_document: bool) -> None:
+    def check_rows(self, cursor: psycopg.Cursor[Any], rows: pa.Table) -> None:
+        """COPY `rows` into the temporary rows table only: raises what PostgreSQL refuses in them (the caller
+        rolls back to a savepoint afterwards either way)."""
+        self._copy(cursor, self._rows_table, self._names(rows), rows)
+
+    def insert(self, cursor: psycopg.Cursor[Any], rows: pa.Table, computed_document: bool,
+               at: int | None = None) -> None:
         if self.document is None or not computed_document:
             self._copy(cursor, self.target, self._names(rows), rows)  # straight into the table
+            if self._logged(at):  # the same rows, COPYed again into the changelog: cheaper than INSERT ... RETURNING
+                logged = rows.add_column(0, "hr_diff", pa.repeat(pa.scalar(1, pa.int64()), rows.num_rows))
+                logged = logged.add_column(0, "hr_timestamp", pa.repeat(pa.scalar(at, pa.int64()), rows.num_rows))
+                self._copy(cursor, str(self.changelog), ["hr_timestamp", "hr_diff", *self._names(rows)], logged)
             return
         self._copy(cursor, self._rows_table, self._names(rows), rows)
         names = [c.sql for c in self.columns]

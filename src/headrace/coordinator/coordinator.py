@@ -177,7 +177,7 @@ class Coordinator:
         if self.passthrough is not None and (is_query(ast) or is_write(ast) or isinstance(ast, SubscribeStatement)
                                              or view_ddl.is_create_materialized_view(ast)):
             # over headrace's relations, and naming the store's too
-            await self.passthrough.refuse_mixed(session, ast, self._relation_exists)
+            await self.passthrough.refuse_mixed(session, ast, self._relation_named)
         if is_query(ast):
             # A large statement is planned off the event loop too: planning costs about what parsing did.
             plan = (await off_loop(plan_select, ast, self._relation_exists, param_types) if parsed_off_loop
@@ -244,10 +244,10 @@ class Coordinator:
             if isinstance(ast, exp.Drop):  # an index headrace keeps, or one of the store's
                 return all(self.indexes.catalog.find(t.db or "public", t.name) is None
                            for t in ast.find_all(exp.Table))
-            return isinstance(ast, exp.Create) and not mentions_headrace(ast, self._relation_exists)
+            return isinstance(ast, exp.Create) and not mentions_headrace(ast, self._relation_named)
         if is_create_table(ast) and not is_temporary_table(ast) and ast.expression is None:
             return False  # a headrace table: its writes feed the pipeline
-        return not mentions_headrace(ast, self._relation_exists)
+        return not mentions_headrace(ast, self._relation_named)
 
     def _table_only_the_store_keeps(self, ast: exp.Expr, sql: str) -> str | None:
         """A CREATE TABLE headrace's tables cannot keep (SERIAL, UNIQUE, CHECK, a DEFAULT it cannot evaluate, ...)
@@ -256,7 +256,7 @@ class Coordinator:
         if not is_create_table(ast) or is_temporary_table(ast) or ast.expression is not None:
             return None
         target = ast.this.this if isinstance(ast.this, exp.Schema) else ast.this
-        if isinstance(target, exp.Table) and self._relation_exists(target.db or "public", target.name):
+        if isinstance(target, exp.Table) and self._relation_named(target.db or "public", target.name):
             return None  # headrace says 42P07
         try:
             table_from_create("pending", ast, sql)
@@ -389,6 +389,16 @@ class Coordinator:
         if self.views.is_system_relation(schema, name) or self.catalog.find_view(schema, name) is not None:
             return True
         return self.catalog.find(schema, name) is not None or self.catalog.find_table(schema, name) is not None
+
+    def _relation_named(self, schema: str, name: str) -> bool:
+        """_relation_exists, or a headrace relation whose name differs only in case: headrace does not fold unquoted
+        names yet (`CREATE TABLE Foo` keeps "Foo") while its SELECTs resolve names without case, so for routing a
+        statement (coordinator/passthrough.py) `foo` names it too."""
+        if self._relation_exists(schema, name):
+            return True
+        folded = name.lower()
+        items = [*self.catalog.sources(), *self.catalog.tables(), *self.catalog.views()]
+        return any(item.schema.lower() == schema.lower() and item.name.lower() == folded for item in items)
 
     async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)

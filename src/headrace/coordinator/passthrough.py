@@ -69,7 +69,7 @@ def mentions_headrace(ast: exp.Expr, relation_exists: RelationExists) -> bool:
             return True
         if not schema and name.lower() in ctes:
             continue
-        if relation_exists(schema or "public", name) or relation_exists(schema or "public", name.lower()):
+        if relation_exists(schema or "public", name):
             return True
     for function in ast.find_all(exp.Func):
         name = (function.name if isinstance(function, exp.Anonymous) else function.sql_name()).lower()
@@ -91,7 +91,7 @@ def unknown_relations(ast: exp.Expr, relation_exists: RelationExists) -> list[st
             continue
         if not schema and name.lower().startswith("pg_"):
             continue  # pg_catalog's, which headrace answers
-        if not relation_exists(schema or "public", name) and not relation_exists(schema or "public", name.lower()):
+        if not relation_exists(schema or "public", name):
             unknown.append(f"{schema}.{name}" if schema else name)
     return unknown
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlglot
+from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
 from sqlglot.errors import ParseError, TokenError
@@ -170,7 +171,9 @@ def parse_statement(sql: str) -> exp.Expr:
     from headrace.sql.session_statements import parse_session_statement  # imports this module
 
     try:
-        return _parse_statement(sql, parse_session_statement)
+        # Unquoted names fold to lower case, as PostgreSQL folds them: `CREATE TABLE Foo` makes foo, which
+        # `SELECT * FROM FOO` reads; "Foo" quoted stays Foo.
+        return normalize_identifiers(_parse_statement(sql, parse_session_statement), dialect="postgres")
     except RecursionError:
         # Deeper than sqlglot's recursive descent goes (e.g. ~60 nested parentheses): PostgreSQL's answer for an
         # expression deeper than its stack.

@@ -1,5 +1,6 @@
 """CancelRequest against a real server: psycopg's conn.cancel() stops a long-running SELECT with
-57014, a CancelRequest with the wrong secret does nothing, and the connection stays usable."""
+57014, a CancelRequest with the wrong secret does nothing, and the connection stays usable. A client that goes
+away mid-statement ends its statement on the store PostgreSQL too."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from tests.e2e.server_process import HeadraceProcess
 
 pytestmark = pytest.mark.e2e
 
-# A cross join DuckDB needs many seconds for; cancelled long before it ends.
 LONG_QUERY = "SELECT pg_sleep(60)"  # the store PostgreSQL runs it: the cancel must reach it
 
 
@@ -52,3 +52,24 @@ def test_cancel_a_long_query(server: HeadraceProcess) -> None:
         assert outcome[0].sqlstate == "57014"
         assert time.monotonic() - started < 20
         assert conn.execute("SELECT 1").fetchone() == (1,)  # the session goes on
+
+
+def test_a_client_that_goes_away_ends_its_statement(server: HeadraceProcess) -> None:
+    assert server.store_url is not None
+    marker = f"pg_sleep(59.{time.monotonic_ns() % 1000:03d})"  # this test's statement, told apart in pg_stat_activity
+    client = psycopg.connect(server.dsn, autocommit=True)
+    client.pgconn.send_query(f"SELECT {marker}".encode())  # sent, not waited for
+    with psycopg.connect(server.store_url, autocommit=True) as store:
+        def running() -> int:
+            row = store.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE %s",
+                                (f"%{marker}%",)).fetchone()
+            return int(row[0]) if row else 0
+        deadline = time.monotonic() + 20
+        while running() == 0:
+            assert time.monotonic() < deadline, "the statement never started on the store"
+            time.sleep(0.1)
+        client.close()  # the client goes away mid-statement
+        deadline = time.monotonic() + 10
+        while running():
+            assert time.monotonic() < deadline, "the statement ran on after its client went away"
+            time.sleep(0.1)

@@ -82,7 +82,16 @@ class PgStreamProtocol(asyncio.StreamReaderProtocol):
         if self._counted:
             self._counted = False
             self._counter.active -= 1
+        if self.connection is not None:
+            self.connection.cancel_running()  # a statement whose client is gone must not run on
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:
+        # The client closed its side while a statement runs (the connection's task is not reading then): end the
+        # statement as PostgreSQL ends a backend whose client went away, instead of running it to its end.
+        if self.connection is not None:
+            self.connection.cancel_running()
+        return super().eof_received()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await serve_connection(self._adapter, reader, writer, self._security, self)

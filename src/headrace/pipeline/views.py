@@ -17,7 +17,7 @@ Runtime.transact; the runtime reduces each with the stored document and calls Vi
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -27,7 +27,7 @@ from sqlglot import exp
 
 from headrace.errors import FeatureNotSupported
 from headrace.sql.view_aggregates import Aggregate, Change, Maintenance, fold
-from headrace.sql.view_scalars import ARITHMETIC, COMPARISONS, NUMERIC_RANK, type_of
+from headrace.sql.view_scalars import ARITHMETIC, COMPARISONS, INTEGER_TYPES, NUMERIC_RANK, numeric_display_scale, type_of
 from headrace.sql.views import DELETED_FIELD, KEY_FIELD, ROWS_FIELD, STATE_FIELD, ViewPlan
 
 SPARK_TYPES = {"int2": "smallint", "int4": "int", "int8": "bigint", "float4": "double", "float8": "double",
@@ -90,9 +90,10 @@ class SparkExpressions:
         if isinstance(node, exp.Not):
             return ~c(node.this)
         if isinstance(node, exp.Is):
-            if isinstance(node.expression, exp.Null):
-                return c(node.this).isNull()
-            return c(node.this).eqNullSafe(F.lit(node.expression.this))
+            # sqlglot reads `x IS NOT NULL` as Is(x, NULL, negate=True), not as Not(Is(...)).
+            test = c(node.this).isNull() if isinstance(node.expression, exp.Null) else \
+                c(node.this).eqNullSafe(F.lit(node.expression.this))
+            return ~test if node.args.get("negate") else test
         if isinstance(node, exp.In):
             return c(node.this).isin(*[c(value) for value in node.expressions])
         if isinstance(node, exp.Between):
@@ -142,11 +143,25 @@ class SparkExpressions:
         raise FeatureNotSupported(f"{node.sql(dialect='postgres')} has no Spark translation")
 
     def _text(self, node: exp.Expr) -> Column:
-        return F.to_json(self.column(node)) if self.type(node) in ("jsonb", "json") else self.column(node).cast("string")
+        """An operand of `||` as text, as its ::text cast gives it (view_scalars.check_text_form refused the rest)."""
+        source = self.type(node)
+        if source in ("text", "varchar", "unknown"):
+            return self.column(node)
+        return self._cast(exp.Cast(this=node, to=exp.DataType.build("text")))
 
     def _cast(self, node: exp.Cast) -> Column:
         source, target = self.type(node.this), type_of(node, self.columns)
         operand = self.column(node.this)
+        if target in INTEGER_TYPES and source in ("float4", "float8"):
+            # PostgreSQL's float -> integer cast rounds with rint(): half to even (2.5 -> 2, 3.5 -> 4).
+            return F.rint(operand).cast(SPARK_TYPES[target])
+        if target in INTEGER_TYPES and source == "numeric":
+            # numeric -> integer rounds half away from zero (-2.5 -> -3): Spark's round on a decimal is HALF_UP.
+            return F.round(operand, 0).cast(SPARK_TYPES[target])
+        if target in ("text", "varchar") and source in TEXT_FORMATS:
+            return TEXT_FORMATS[source](operand)
+        if target in ("text", "varchar") and source == "numeric":
+            return F.round(operand, numeric_display_scale(node.this, self.columns)).cast("string")
         if target in ("jsonb", "json"):
             return operand if source in ("jsonb", "json") else F.parse_json(operand.cast("string"))
         if source in ("jsonb", "json") and target in ("text", "varchar"):
@@ -196,7 +211,26 @@ class SparkExpressions:
             return F.ceil(operand).cast(result_type)
         decimals = node.args.get("decimals")
         scale = int(decimals.this) if isinstance(decimals, exp.Literal) else 0
+        if not result_type.startswith("decimal"):
+            return F.rint(operand)  # round(float8) is rint() in PostgreSQL: half to even
         return F.round(operand.cast("decimal(38,10)") if result_type.startswith("decimal") else operand, scale).cast(result_type)
+
+
+def _timestamp_text(micros: Column) -> Column:
+    """PostgreSQL's text of a timestamp given as UTC microseconds: seconds, then the fraction without trailing zeros."""
+    fraction = F.regexp_replace(F.lpad(F.pmod(micros, F.lit(1_000_000)).cast("string"), 6, "0"), "0+$", "")
+    seconds = F.date_format(F.timestamp_micros(micros), "yyyy-MM-dd HH:mm:ss")
+    return F.concat(seconds, F.when(fraction == "", F.lit("")).otherwise(F.concat(F.lit("."), fraction)))
+
+
+# Text forms PostgreSQL gives that Spark's cast to string does not (date and timestamp arrive in their document
+# form: days and microseconds; timestamptz as a TIMESTAMP, shown as the UTC time: see docs/views.md).
+TEXT_FORMATS: dict[str, Callable[[Column], Column]] = {
+    "date": lambda days: F.date_format(F.date_from_unix_date(days.cast("int")), "yyyy-MM-dd"),
+    "timestamp": _timestamp_text,
+    "timestamptz": lambda ts: F.concat(_timestamp_text(F.unix_micros(ts)), F.lit("+00")),
+    "bool": lambda b: F.when(b, F.lit("true")).when(~b, F.lit("false")),
+}
 
 
 def _spark_json_path(path: exp.Expr) -> str:

@@ -15,6 +15,7 @@ from sqlglot import exp
 from headrace.errors import FeatureNotSupported, HeadraceError, UndefinedColumn
 from headrace.sql.select import PG_TYPE_NAMES
 
+INTEGER_TYPES = frozenset({"int2", "int4", "int8"})
 NUMERIC_RANK = {"int2": 0, "int4": 1, "int8": 2, "numeric": 3, "float4": 4, "float8": 5}
 TEXT_TYPES = frozenset({"text", "varchar", "unknown"})
 # Types a view's columns may have: what the serving store and the Spark translation both carry.
@@ -98,8 +99,10 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
     if isinstance(node, exp.Neg):
         return numeric_result(type_of(node.this, columns), "int4", "-")
     if isinstance(node, exp.Cast):
-        type_of(node.this, columns)
-        return cast_target(node.to)
+        source, target = type_of(node.this, columns), cast_target(node.to)
+        if target in ("text", "varchar"):
+            check_text_form(node.this, source, columns)
+        return target
     if isinstance(node, (exp.JSONExtract, exp.JSONExtractScalar)):
         operand = type_of(node.this, columns)
         if operand not in ("jsonb", "json"):
@@ -116,7 +119,13 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
                                       hint="group by date_trunc('hour', ts) instead")
         return numeric_result(left, right, symbol)
     if isinstance(node, exp.DPipe):
-        type_of(node.this, columns), type_of(node.expression, columns)
+        left, right = type_of(node.this, columns), type_of(node.expression, columns)
+        if left in ("jsonb", "json") and right in ("jsonb", "json", "unknown") or \
+                right in ("jsonb", "json") and left == "unknown":
+            raise FeatureNotSupported(f"jsonb || jsonb is not supported in materialized views yet: "
+                                      f"{node.sql(dialect='postgres')}")
+        check_text_form(node.this, left, columns)
+        check_text_form(node.expression, right, columns)
         return "text"
     if isinstance(node, COMPARISONS):
         type_of(node.this, columns), type_of(node.expression, columns)
@@ -127,12 +136,19 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
                 raise InvalidViewExpression(f"argument of {node.key.upper()} must be type boolean")
         return "bool"
     if isinstance(node, exp.Not):
-        type_of(node.this, columns)
+        if isinstance(node.this, exp.Is) and not node.this.args.get("negate"):
+            # sqlglot reads `x IS NOT FALSE` as NOT (x IS FALSE): type it as the IS NOT it is, for the message
+            type_of(exp.Is(this=node.this.this, expression=node.this.expression, negate=True), columns)
+        else:
+            type_of(node.this, columns)
         return "bool"
     if isinstance(node, exp.Is):
-        type_of(node.this, columns)
+        operand = type_of(node.this, columns)
         if not isinstance(node.expression, (exp.Null, exp.Boolean)):
             raise FeatureNotSupported("IS supports NULL, TRUE and FALSE in materialized views")
+        if isinstance(node.expression, exp.Boolean) and operand not in ("bool", "unknown"):
+            test = f"IS {'NOT ' if node.args.get('negate') else ''}{'TRUE' if node.expression.this else 'FALSE'}"
+            raise InvalidViewExpression(f"argument of {test} must be type boolean, not type {_shown_type(operand)}")
         return "bool"
     if isinstance(node, exp.In):
         if node.args.get("query") is not None:
@@ -178,6 +194,13 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
             type_of(child, columns)
         if operand not in NUMERIC_RANK:
             raise InvalidViewExpression(f"function {node.sql_name().lower()}({operand}) does not exist", sqlstate="42883")
+        decimals = node.args.get("decimals") if isinstance(node, exp.Round) else None
+        if decimals is not None and operand in ("float4", "float8"):
+            raise InvalidViewExpression(f"function round({operand}, {type_of(decimals, columns)}) does not exist",
+                                        sqlstate="42883", hint="cast the value to numeric first")
+        if decimals is not None and not (isinstance(decimals, exp.Literal) and not decimals.is_string):
+            raise FeatureNotSupported(f"{node.sql(dialect='postgres')}: round's scale must be a constant in "
+                                      "materialized views")
         return operand if isinstance(node, exp.Abs) else ("numeric" if operand in ("int2", "int4", "int8", "numeric") and isinstance(node, exp.Round) else operand)
     if isinstance(node, exp.TimestampTrunc):
         if type_of(node.this, columns) != "timestamptz":
@@ -199,6 +222,44 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
                                    "AND/OR/NOT, IS [NOT] NULL, IN (...), BETWEEN, LIKE, ||, CASE, coalesce, nullif, "
                                    "greatest, least, lower, upper, length, substr, trim, replace, left, right, "
                                    "split_part, md5, abs, round, floor, ceil and date_trunc")
+
+
+def check_text_form(node: exp.Expr, source: str, columns: Columns) -> None:
+    """Refuse a conversion to text whose PostgreSQL output the pipeline cannot reproduce (0A000).
+
+    Spark prints doubles as Java does (1.0E10, 3.0) where PostgreSQL prints the shortest exact form (10000000000,
+    3); a numeric's text keeps each value's own display scale, which the pipeline does not carry (it computes on
+    decimal(38,10)); jsonb's text has PostgreSQL's spacing and key order."""
+    if source in ("float4", "float8", "jsonb", "json", "interval"):
+        raise FeatureNotSupported(
+            f"materialized views cannot compute {node.sql(dialect='postgres')}::text as PostgreSQL does "
+            f"({source}'s text form is not reproduced by the pipeline)",
+            hint="keep the value in its own type in the view and format it in the SELECT that reads the view")
+    if source == "numeric":
+        numeric_display_scale(node, columns)
+
+
+def numeric_display_scale(node: exp.Expr, columns: Columns) -> int:
+    """The display scale PostgreSQL gives every value of a numeric expression, where it is fixed by the expression:
+    floor/ceil/round(x) 0, round(x, s) s, an integer cast to numeric 0. Otherwise refused (0A000)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, (exp.Floor, exp.Ceil)):
+        return 0
+    if isinstance(node, exp.Round):
+        decimals = node.args.get("decimals")
+        return max(int(decimals.this), 0) if decimals is not None else 0
+    if isinstance(node, exp.Cast) and type_of(node.this, columns) in INTEGER_TYPES:
+        return 0
+    raise FeatureNotSupported(
+        f"materialized views cannot compute {node.sql(dialect='postgres')}::text as PostgreSQL does "
+        "(a numeric's text keeps each value's own display scale, which the pipeline does not carry)",
+        hint="round it first, e.g. round(x, 2)::text, or format it in the SELECT that reads the view")
+
+
+def _shown_type(pg_type: str) -> str:
+    return {"int2": "smallint", "int4": "integer", "int8": "bigint", "float4": "real", "float8": "double precision",
+            "timestamptz": "timestamp with time zone", "bool": "boolean"}.get(pg_type, pg_type)
 
 
 def _common_type(types: list[str]) -> str:

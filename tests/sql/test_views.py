@@ -228,3 +228,26 @@ def test_refused_where_the_pipeline_would_differ_from_postgresql(select: str, sq
 ])
 def test_numeric_text_with_a_fixed_display_scale_is_accepted(select: str) -> None:
     assert compile_sql(f"CREATE MATERIALIZED VIEW v AS {select}").outputs[0].pg_type in ("text", "bool")
+
+
+def test_float_sums_over_retracting_input_are_exact_value_counts() -> None:
+    from fractions import Fraction
+
+    from headrace.sql.view_aggregates import Change, Maintenance, finalize, fold
+
+    retracting = compile_sql("CREATE MATERIALIZED VIEW v AS SELECT sum((body->>'f')::float8) AS s, "
+                             "avg((body->>'f')::numeric) AS a, sum((body->>'i')::int) AS i FROM events")
+    appending = compile_sql("CREATE MATERIALIZED VIEW v AS SELECT sum((body->>'f')::float8) AS s FROM clicks")
+    assert [a.maintenance for a in retracting.aggregates] == [Maintenance.VALUE_COUNTS, Maintenance.VALUE_COUNTS,
+                                                              Maintenance.SUM]
+    assert appending.aggregates[0].maintenance is Maintenance.SUM  # nothing is ever subtracted
+    total, mean = retracting.aggregates[0], retracting.aggregates[1]
+    changes = [Change(seq=i, diff=1, row=f"[{i}]", at=i, args=(v,)) for i, v in enumerate([2.5, 3.125, 1e17, 0.1])]
+    state = fold(total, changes)
+    assert finalize(total, state)[0] == float(1e17)  # exact sum 1e17 + 5.725, rounded once
+    left = fold(total, [Change(seq=9, diff=-1, row="[2]", at=2, args=(1e17,))])
+    reduced = {"add": {k: state["add"].get(k, 0) + left["add"].get(k, 0) for k in {*state["add"], *left["add"]}}}
+    exact = Fraction(2.5) + Fraction(3.125) + Fraction(0.1)
+    assert finalize(total, reduced)[0] == float(exact) == 5.725
+    assert finalize(mean, reduced)[0] == float(exact / 3) != (2.5 + 3.125 + 0.1) / 3  # rounded once, not thrice
+    assert finalize(total, {"add": {"2.5": 0}}) == (None, None)  # no live value: NULL, state pruned

@@ -46,3 +46,17 @@ def test_views_agree_with_postgresql_after_each_write(pair: Pair) -> None:
             pair.both(write)
         differences = [d for name, select in VIEWS.items() if (d := pair.compare(name, select)) is not None]
         assert not differences, f"after {write}:\n" + "\n".join(differences)
+
+
+def test_float_sums_return_exactly_after_a_large_value_leaves(pair: Pair) -> None:
+    pair.both("CREATE TABLE big (id int PRIMARY KEY, g text, f float8, n numeric)")
+    select = "SELECT g, sum(f) AS sf, avg(f) AS af, sum(n) AS sn, avg(n) AS an, count(*) AS c FROM big GROUP BY g"
+    pair.headrace.execute(f"CREATE MATERIALIZED VIEW big_sums AS {select}")
+    pair.both("INSERT INTO big VALUES (1, 'x', 2.5, 2.5), (2, 'x', 3.125, 3.125), (3, 'y', 0.1, 0.1)")
+    pair.both("INSERT INTO big VALUES (4, 'x', 1e17, 1e17), (5, 'y', 1.2e19, 1.2e19), (6, 'y', 0.7, 0.7)")
+    assert pair.compare("big_sums", select) is None
+    pair.both("DELETE FROM big WHERE id IN (4, 5)")
+    rows = {row[0]: row[1:] for row in pair.headrace.execute("SELECT * FROM big_sums").fetchall()}
+    assert rows["x"] == (5.625, 2.8125, 5.625, 2.8125, 2)  # exactly: no residue of 1e15 left behind
+    assert rows["y"][0] == 0.1 + 0.7 and rows["y"][4] == 2
+    assert pair.compare("big_sums", select) is None

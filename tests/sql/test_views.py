@@ -211,6 +211,10 @@ def test_finalize_of_a_projection_deletes_tombstones() -> None:
     ("SELECT round((body->>'f')::float8, 2) AS r FROM events", "42883", "round(float8, int4) does not exist"),
     ("SELECT (body->>'s') IS TRUE AS b FROM events", "42804", "argument of IS TRUE must be type boolean, not type text"),
     ("SELECT (body->>'s') IS NOT FALSE AS b FROM events", "42804", "argument of IS NOT FALSE must be type boolean"),
+    ("SELECT body FROM events WHERE body->>'a' = 5", "42883", "operator does not exist: text = integer"),
+    ("SELECT body FROM events WHERE (body->>'a')::int IN (1, 'x', true)", "42883", "integer = boolean"),
+    ("SELECT body FROM events WHERE received_at > (body->>'a')::bool", "42883",
+     "timestamp with time zone > boolean"),
 ])
 def test_refused_where_the_pipeline_would_differ_from_postgresql(select: str, sqlstate: str, fragment: str) -> None:
     with pytest.raises(HeadraceError) as raised:
@@ -251,3 +255,26 @@ def test_float_sums_over_retracting_input_are_exact_value_counts() -> None:
     assert finalize(total, reduced)[0] == float(exact) == 5.725
     assert finalize(mean, reduced)[0] == float(exact / 3) != (2.5 + 3.125 + 0.1) / 3  # rounded once, not thrice
     assert finalize(total, {"add": {"2.5": 0}}) == (None, None)  # no live value: NULL, state pruned
+
+
+def test_date_literals_are_read_at_create() -> None:
+    from headrace.sql.view_scalars import date_literal_days, timestamp_literal_micros
+    from headrace.sql.views import InputRelation, compile_view
+    from headrace.sql.parser import parse_statement
+
+    table = InputRelation(kind="table", item_id="u1", name="t", columns={"id": "int4", "d": "date", "at": "timestamp",
+                          "ts": "timestamptz"}, key=("id",), append_only=False)
+
+    def compile_over_table(select: str) -> object:
+        return compile_view(parse_statement(f"CREATE MATERIALIZED VIEW v AS {select}"),  # type: ignore[arg-type]
+                            lambda schema, name: table if name == "t" else None)
+
+    compile_over_table("SELECT id FROM t WHERE d >= '2006-12-17' AND at BETWEEN '2000-01-01' AND '2001-01-01 10:00'")
+    with pytest.raises(HeadraceError) as raised:
+        compile_over_table("SELECT id FROM t WHERE d IN ('2006-13-45')")
+    assert (raised.value.sqlstate, raised.value.message) == ("22007", 'invalid input syntax for type date: "2006-13-45"')
+    with pytest.raises(HeadraceError) as raised:
+        compile_over_table("SELECT id FROM t WHERE d < ts")
+    assert raised.value.sqlstate == "0A000"
+    assert date_literal_days("2006-12-17") == 13499
+    assert timestamp_literal_micros("1970-01-01 00:00:01.5+05") == 1_500_000  # the zone is ignored, as in PostgreSQL

@@ -29,6 +29,10 @@ VIEWS = {
     "aggregates": "SELECT s IS NOT NULL AS k, count(*) AS c, avg(i) AS ai, sum(i) AS si, sum(f) AS sf, sum(n) AS sn, "
                   "bool_and(s IS NOT NULL) AS ba, min(d) AS mind, max(ts) AS maxts FROM t GROUP BY 1",
     "grouped_by_text": "SELECT d::text AS day, count(*) AS c FROM t GROUP BY 1",
+    "text_positions": "SELECT id, substr(s, 0, 2) AS s0, substr(s, -1) AS sm, substr(s, -1, 3) AS sm3, "
+                      "left(s, -1) AS lm, right(s, -1) AS rm, left(s, 1) AS l1, right(s, 2) AS r2 FROM t",
+    "date_literals": "SELECT id FROM t WHERE d >= '2006-12-17' OR at < '2000-01-01 00:00:00+05' "
+                     "OR d BETWEEN '2020-01-01' AND '2020-12-31' OR d IN ('2024-02-29')",
 }
 
 

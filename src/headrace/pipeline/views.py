@@ -27,7 +27,16 @@ from sqlglot import exp
 
 from headrace.errors import FeatureNotSupported
 from headrace.sql.view_aggregates import Aggregate, Change, Maintenance, fold
-from headrace.sql.view_scalars import ARITHMETIC, COMPARISONS, INTEGER_TYPES, NUMERIC_RANK, numeric_display_scale, type_of
+from headrace.sql.view_scalars import (
+    ARITHMETIC,
+    COMPARISONS,
+    INTEGER_TYPES,
+    NUMERIC_RANK,
+    date_literal_days,
+    numeric_display_scale,
+    timestamp_literal_micros,
+    type_of,
+)
 from headrace.sql.views import DELETED_FIELD, KEY_FIELD, ROWS_FIELD, STATE_FIELD, ViewPlan
 
 SPARK_TYPES = {"int2": "smallint", "int4": "int", "int8": "bigint", "float4": "double", "float8": "double",
@@ -79,7 +88,7 @@ class SparkExpressions:
         if isinstance(node, exp.DPipe):
             return F.concat(self._text(node.this), self._text(node.expression))
         if isinstance(node, COMPARISONS):
-            left, right = c(node.this), c(node.expression)
+            left, right = self._compared(node.this, node.expression), self._compared(node.expression, node.this)
             op = {exp.EQ: "__eq__", exp.NEQ: "__ne__", exp.GT: "__gt__", exp.GTE: "__ge__", exp.LT: "__lt__",
                   exp.LTE: "__le__"}[type(node)]
             return getattr(left, op)(right)
@@ -95,9 +104,10 @@ class SparkExpressions:
                 c(node.this).eqNullSafe(F.lit(node.expression.this))
             return ~test if node.args.get("negate") else test
         if isinstance(node, exp.In):
-            return c(node.this).isin(*[c(value) for value in node.expressions])
+            return c(node.this).isin(*[self._compared(value, node.this) for value in node.expressions])
         if isinstance(node, exp.Between):
-            return c(node.this).between(c(node.args["low"]), c(node.args["high"]))
+            return c(node.this).between(self._compared(node.args["low"], node.this),
+                                        self._compared(node.args["high"], node.this))
         if isinstance(node, exp.Like):
             return F.like(c(node.this), c(node.expression))
         if isinstance(node, exp.ILike):
@@ -121,15 +131,17 @@ class SparkExpressions:
         if isinstance(node, exp.Trim):
             return F.trim(c(node.this))
         if isinstance(node, exp.Substring):
-            start = c(node.args["start"]) if node.args.get("start") is not None else F.lit(1)
-            length = c(node.args["length"]) if node.args.get("length") is not None else F.lit(2**31 - 1)
-            return c(node.this).substr(start, length)
+            return self._substring(node)
         if isinstance(node, exp.Replace):
             return F.replace(c(node.this), c(node.expression), c(node.args["replacement"]))
         if isinstance(node, exp.Left):
-            return F.left(c(node.this), c(node.expression))
+            # PostgreSQL: a negative n keeps all but the last |n| characters (Spark's left gives '')
+            text, n = c(node.this), c(node.expression)
+            return F.when(n >= 0, F.left(text, n)).when(n < 0, text.substr(F.lit(1), F.greatest(F.length(text) + n, F.lit(0))))
         if isinstance(node, exp.Right):
-            return F.right(c(node.this), c(node.expression))
+            # PostgreSQL: a negative n drops the first |n| characters (Spark's right gives '')
+            text, n = c(node.this), c(node.expression)
+            return F.when(n >= 0, F.right(text, n)).when(n < 0, text.substr(F.lit(1) - n, F.lit(2**31 - 1)))
         if isinstance(node, exp.MD5):
             return F.md5(c(node.this))
         if isinstance(node, exp.SplitPart):
@@ -186,6 +198,29 @@ class SparkExpressions:
             # (a - a % b) is an exact multiple of b (both truncate toward zero), and b = 0 still raises.
             return ((left - left % right) / right).cast(SPARK_TYPES[result])
         return left / right
+
+    def _compared(self, node: exp.Expr, other: exp.Expr) -> Column:
+        """One side of a comparison; a string literal compared with a date or timestamp column is read as that type
+        here, in the document form the column travels in (days, microseconds), as PostgreSQL reads it."""
+        if isinstance(node, exp.Literal) and node.is_string:
+            other_type = self.type(other)
+            if other_type == "date":
+                return F.lit(date_literal_days(node.this))
+            if other_type == "timestamp":
+                return F.lit(timestamp_literal_micros(node.this))
+        return self.column(node)
+
+    def _substring(self, node: exp.Expr) -> Column:
+        """substr(s, start[, length]) as PostgreSQL counts: the characters at positions start .. start+length-1 that
+        exist (a start below 1 shortens the result; Spark would count a negative start from the end)."""
+        text = self.column(node.this)
+        start = self.column(node.args["start"]) if node.args.get("start") is not None else F.lit(1)
+        first = F.greatest(start, F.lit(1))  # (greatest skips NULL: a NULL start or length gives NULL below)
+        if node.args.get("length") is None:
+            return F.when(start.isNotNull(), text.substr(first, F.lit(2**31 - 1)))
+        length = self.column(node.args["length"]).cast("bigint")
+        taken = F.greatest(start.cast("bigint") + length - first, F.lit(0)).cast("int")
+        return F.when(start.isNotNull() & length.isNotNull(), text.substr(first, taken))
 
     def _case(self, node: exp.Case) -> Column:
         branches = node.args.get("ifs") or []

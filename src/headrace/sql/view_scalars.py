@@ -8,6 +8,7 @@ Types are PostgreSQL type names (pg_type.typname); "unknown" is an untyped strin
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 
 from sqlglot import exp
@@ -128,7 +129,11 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
         check_text_form(node.expression, right, columns)
         return "text"
     if isinstance(node, COMPARISONS):
-        type_of(node.this, columns), type_of(node.expression, columns)
+        symbol = {exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}[type(node)]
+        left, right = type_of(node.this, columns), type_of(node.expression, columns)
+        check_comparable(left, right, symbol)
+        check_literal_against(node.this, right)
+        check_literal_against(node.expression, left)
         return "bool"
     if isinstance(node, (exp.And, exp.Or)):
         for side in (node.this, node.expression):
@@ -154,12 +159,17 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
         if node.args.get("query") is not None:
             raise FeatureNotSupported("subqueries are not supported in materialized views",
                                       hint="IN takes a list of constants here, e.g. x IN ('a', 'b')")
-        for child in (node.this, *node.expressions):
-            type_of(child, columns)
+        subject = type_of(node.this, columns)
+        for child in node.expressions:
+            check_comparable(subject, type_of(child, columns), "=")
+            check_literal_against(child, subject)
         return "bool"
     if isinstance(node, exp.Between):
-        for child in (node.this, node.args["low"], node.args["high"]):
-            type_of(child, columns)
+        subject = type_of(node.this, columns)
+        check_comparable(subject, type_of(node.args["low"], columns), ">=")
+        check_comparable(subject, type_of(node.args["high"], columns), "<=")
+        check_literal_against(node.args["low"], subject)
+        check_literal_against(node.args["high"], subject)
         return "bool"
     if isinstance(node, (exp.Like, exp.ILike)):
         type_of(node.this, columns), type_of(node.expression, columns)
@@ -222,6 +232,52 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
                                    "AND/OR/NOT, IS [NOT] NULL, IN (...), BETWEEN, LIKE, ||, CASE, coalesce, nullif, "
                                    "greatest, least, lower, upper, length, substr, trim, replace, left, right, "
                                    "split_part, md5, abs, round, floor, ceil and date_trunc")
+
+
+_COMPARABLE_FAMILIES = ({*NUMERIC_RANK}, {"text", "varchar"}, {"bool"}, {"timestamptz"}, {"date"}, {"timestamp"},
+                        {"uuid"}, {"interval"}, {"jsonb"}, {"json"})
+
+
+def date_literal_days(text: str) -> int:
+    """A date literal as the day number dates travel as (ISO form only; else 22007 at CREATE)."""
+    try:
+        return (datetime.date.fromisoformat(text.strip()) - datetime.date(1970, 1, 1)).days
+    except ValueError:
+        raise HeadraceError(f'invalid input syntax for type date: "{text}"', sqlstate="22007") from None
+
+
+def timestamp_literal_micros(text: str) -> int:
+    try:
+        moment = datetime.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise HeadraceError(f'invalid input syntax for type timestamp: "{text}"', sqlstate="22007") from None
+    moment = moment.replace(tzinfo=None)  # PostgreSQL ignores a zone given for a timestamp without time zone
+    return (moment - datetime.datetime(1970, 1, 1)) // datetime.timedelta(microseconds=1)
+
+
+
+def check_literal_against(node: exp.Expr, other: str) -> None:
+    """Parse a string literal compared with a date or timestamp now, so a bad one fails CREATE, not the pipeline."""
+    if isinstance(node, exp.Literal) and node.is_string:
+        if other == "date":
+            date_literal_days(node.this)
+        elif other == "timestamp":
+            timestamp_literal_micros(node.this)
+
+
+def check_comparable(left: str, right: str, symbol: str) -> None:
+    """Refuse a comparison PostgreSQL has no operator for (text = integer: 42883), or one across date/time types
+    (date < timestamptz), whose promotion the pipeline does not reproduce (0A000)."""
+    if "unknown" in (left, right):
+        return  # a string literal or NULL takes the other side's type
+    if any(left in family and right in family for family in _COMPARABLE_FAMILIES):
+        return
+    temporal = {"date", "timestamp", "timestamptz"}
+    if left in temporal and right in temporal:
+        raise FeatureNotSupported(f"comparing {_shown_type(left)} with {_shown_type(right)} is not supported in "
+                                  "materialized views", hint="cast one side so both have the same type")
+    raise InvalidViewExpression(f"operator does not exist: {_shown_type(left)} {symbol} {_shown_type(right)}",
+                                sqlstate="42883", hint="cast one side so both have the same type")
 
 
 def check_text_form(node: exp.Expr, source: str, columns: Columns) -> None:

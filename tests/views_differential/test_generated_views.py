@@ -47,8 +47,10 @@ def test_generated_views_agree_with_postgresql(pair: Pair) -> None:
                 difference = pair.compare(name, select)
                 if difference is not None:
                     differences.append(f"[seed {SEED * 1000 + case}, batch {batch}] {difference}")
+                    print(differences[-1], flush=True)  # a long run shows them as they come
         for name in views:
             pair.headrace.execute(f"DROP MATERIALIZED VIEW {name}")
+        print(f"case {case}: {len(views)} views compared, {len(differences)} disagreements so far", flush=True)
     print(f"{accepted} views accepted, {len(refused)} refused, {len(differences)} disagreements")
     for reason in refused:
         print("refused:", reason)

@@ -197,3 +197,84 @@ def test_finalize_of_a_projection_deletes_tombstones() -> None:
     plan = compile_sql("CREATE MATERIALIZED VIEW v AS SELECT body FROM events")
     assert plan.finalize({"hr_key": "[1]", "hr_deleted": True}) is None
     assert plan.finalize({"hr_key": "[1]", "o0": {"a": 1}}) == {"hr_key": "[1]", "o0": {"a": 1}}
+
+
+# ------------------------------------------------------------------------- what the pipeline cannot compute as PostgreSQL
+
+@pytest.mark.parametrize("select, sqlstate, fragment", [
+    # text forms Spark does not reproduce: refused at CREATE, naming the expression
+    ("SELECT (body->>'f')::float8::text AS t FROM events", "0A000", "CAST((body ->> 'f') AS DOUBLE PRECISION)::text"),
+    ("SELECT 'x' || (body->>'f')::float8 AS t FROM events", "0A000", "::text as PostgreSQL does"),
+    ("SELECT (body->>'n')::numeric::text AS t FROM events", "0A000", "display scale"),
+    ("SELECT body::text AS t FROM events", "0A000", "jsonb's text form"),
+    ("SELECT body || body AS t FROM events", "0A000", "jsonb || jsonb"),
+    ("SELECT round((body->>'f')::float8, 2) AS r FROM events", "42883", "round(float8, int4) does not exist"),
+    ("SELECT (body->>'s') IS TRUE AS b FROM events", "42804", "argument of IS TRUE must be type boolean, not type text"),
+    ("SELECT (body->>'s') IS NOT FALSE AS b FROM events", "42804", "argument of IS NOT FALSE must be type boolean"),
+    ("SELECT body FROM events WHERE body->>'a' = 5", "42883", "operator does not exist: text = integer"),
+    ("SELECT body FROM events WHERE (body->>'a')::int IN (1, 'x', true)", "42883", "integer = boolean"),
+    ("SELECT body FROM events WHERE received_at > (body->>'a')::bool", "42883",
+     "timestamp with time zone > boolean"),
+])
+def test_refused_where_the_pipeline_would_differ_from_postgresql(select: str, sqlstate: str, fragment: str) -> None:
+    with pytest.raises(HeadraceError) as raised:
+        compile_sql(f"CREATE MATERIALIZED VIEW v AS {select}")
+    assert raised.value.sqlstate == sqlstate
+    assert fragment in raised.value.message
+
+
+@pytest.mark.parametrize("select", [
+    "SELECT floor((body->>'n')::numeric)::text AS t FROM events",
+    "SELECT round((body->>'n')::numeric, 2)::text AS t FROM events",
+    "SELECT (body->>'i')::int::numeric::text AS t FROM events",
+    "SELECT 'n=' || round((body->>'n')::numeric) AS t FROM events",
+    "SELECT (body->>'s') IS NOT NULL AS t FROM events",
+])
+def test_numeric_text_with_a_fixed_display_scale_is_accepted(select: str) -> None:
+    assert compile_sql(f"CREATE MATERIALIZED VIEW v AS {select}").outputs[0].pg_type in ("text", "bool")
+
+
+def test_float_sums_over_retracting_input_are_exact_value_counts() -> None:
+    from fractions import Fraction
+
+    from headrace.sql.view_aggregates import Change, Maintenance, finalize, fold
+
+    retracting = compile_sql("CREATE MATERIALIZED VIEW v AS SELECT sum((body->>'f')::float8) AS s, "
+                             "avg((body->>'f')::numeric) AS a, sum((body->>'i')::int) AS i FROM events")
+    appending = compile_sql("CREATE MATERIALIZED VIEW v AS SELECT sum((body->>'f')::float8) AS s FROM clicks")
+    assert [a.maintenance for a in retracting.aggregates] == [Maintenance.VALUE_COUNTS, Maintenance.VALUE_COUNTS,
+                                                              Maintenance.SUM]
+    assert appending.aggregates[0].maintenance is Maintenance.SUM  # nothing is ever subtracted
+    total, mean = retracting.aggregates[0], retracting.aggregates[1]
+    changes = [Change(seq=i, diff=1, row=f"[{i}]", at=i, args=(v,)) for i, v in enumerate([2.5, 3.125, 1e17, 0.1])]
+    state = fold(total, changes)
+    assert finalize(total, state)[0] == float(1e17)  # exact sum 1e17 + 5.725, rounded once
+    left = fold(total, [Change(seq=9, diff=-1, row="[2]", at=2, args=(1e17,))])
+    reduced = {"add": {k: state["add"].get(k, 0) + left["add"].get(k, 0) for k in {*state["add"], *left["add"]}}}
+    exact = Fraction(2.5) + Fraction(3.125) + Fraction(0.1)
+    assert finalize(total, reduced)[0] == float(exact) == 5.725
+    assert finalize(mean, reduced)[0] == float(exact / 3) != (2.5 + 3.125 + 0.1) / 3  # rounded once, not thrice
+    assert finalize(total, {"add": {"2.5": 0}}) == (None, None)  # no live value: NULL, state pruned
+
+
+def test_date_literals_are_read_at_create() -> None:
+    from headrace.sql.view_scalars import date_literal_days, timestamp_literal_micros
+    from headrace.sql.views import InputRelation, compile_view
+    from headrace.sql.parser import parse_statement
+
+    table = InputRelation(kind="table", item_id="u1", name="t", columns={"id": "int4", "d": "date", "at": "timestamp",
+                          "ts": "timestamptz"}, key=("id",), append_only=False)
+
+    def compile_over_table(select: str) -> object:
+        return compile_view(parse_statement(f"CREATE MATERIALIZED VIEW v AS {select}"),  # type: ignore[arg-type]
+                            lambda schema, name: table if name == "t" else None)
+
+    compile_over_table("SELECT id FROM t WHERE d >= '2006-12-17' AND at BETWEEN '2000-01-01' AND '2001-01-01 10:00'")
+    with pytest.raises(HeadraceError) as raised:
+        compile_over_table("SELECT id FROM t WHERE d IN ('2006-13-45')")
+    assert (raised.value.sqlstate, raised.value.message) == ("22007", 'invalid input syntax for type date: "2006-13-45"')
+    with pytest.raises(HeadraceError) as raised:
+        compile_over_table("SELECT id FROM t WHERE d < ts")
+    assert raised.value.sqlstate == "0A000"
+    assert date_literal_days("2006-12-17") == 13499
+    assert timestamp_literal_micros("1970-01-01 00:00:01.5+05") == 1_500_000  # the zone is ignored, as in PostgreSQL

@@ -17,7 +17,7 @@ Runtime.transact; the runtime reduces each with the stored document and calls Vi
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -27,7 +27,16 @@ from sqlglot import exp
 
 from headrace.errors import FeatureNotSupported
 from headrace.sql.view_aggregates import Aggregate, Change, Maintenance, fold
-from headrace.sql.view_scalars import ARITHMETIC, COMPARISONS, NUMERIC_RANK, type_of
+from headrace.sql.view_scalars import (
+    ARITHMETIC,
+    COMPARISONS,
+    INTEGER_TYPES,
+    NUMERIC_RANK,
+    date_literal_days,
+    numeric_display_scale,
+    timestamp_literal_micros,
+    type_of,
+)
 from headrace.sql.views import DELETED_FIELD, KEY_FIELD, ROWS_FIELD, STATE_FIELD, ViewPlan
 
 SPARK_TYPES = {"int2": "smallint", "int4": "int", "int8": "bigint", "float4": "double", "float8": "double",
@@ -79,7 +88,7 @@ class SparkExpressions:
         if isinstance(node, exp.DPipe):
             return F.concat(self._text(node.this), self._text(node.expression))
         if isinstance(node, COMPARISONS):
-            left, right = c(node.this), c(node.expression)
+            left, right = self._compared(node.this, node.expression), self._compared(node.expression, node.this)
             op = {exp.EQ: "__eq__", exp.NEQ: "__ne__", exp.GT: "__gt__", exp.GTE: "__ge__", exp.LT: "__lt__",
                   exp.LTE: "__le__"}[type(node)]
             return getattr(left, op)(right)
@@ -90,13 +99,15 @@ class SparkExpressions:
         if isinstance(node, exp.Not):
             return ~c(node.this)
         if isinstance(node, exp.Is):
-            if isinstance(node.expression, exp.Null):
-                return c(node.this).isNull()
-            return c(node.this).eqNullSafe(F.lit(node.expression.this))
+            # sqlglot reads `x IS NOT NULL` as Is(x, NULL, negate=True), not as Not(Is(...)).
+            test = c(node.this).isNull() if isinstance(node.expression, exp.Null) else \
+                c(node.this).eqNullSafe(F.lit(node.expression.this))
+            return ~test if node.args.get("negate") else test
         if isinstance(node, exp.In):
-            return c(node.this).isin(*[c(value) for value in node.expressions])
+            return c(node.this).isin(*[self._compared(value, node.this) for value in node.expressions])
         if isinstance(node, exp.Between):
-            return c(node.this).between(c(node.args["low"]), c(node.args["high"]))
+            return c(node.this).between(self._compared(node.args["low"], node.this),
+                                        self._compared(node.args["high"], node.this))
         if isinstance(node, exp.Like):
             return F.like(c(node.this), c(node.expression))
         if isinstance(node, exp.ILike):
@@ -120,15 +131,17 @@ class SparkExpressions:
         if isinstance(node, exp.Trim):
             return F.trim(c(node.this))
         if isinstance(node, exp.Substring):
-            start = c(node.args["start"]) if node.args.get("start") is not None else F.lit(1)
-            length = c(node.args["length"]) if node.args.get("length") is not None else F.lit(2**31 - 1)
-            return c(node.this).substr(start, length)
+            return self._substring(node)
         if isinstance(node, exp.Replace):
             return F.replace(c(node.this), c(node.expression), c(node.args["replacement"]))
         if isinstance(node, exp.Left):
-            return F.left(c(node.this), c(node.expression))
+            # PostgreSQL: a negative n keeps all but the last |n| characters (Spark's left gives '')
+            text, n = c(node.this), c(node.expression)
+            return F.when(n >= 0, F.left(text, n)).when(n < 0, text.substr(F.lit(1), F.greatest(F.length(text) + n, F.lit(0))))
         if isinstance(node, exp.Right):
-            return F.right(c(node.this), c(node.expression))
+            # PostgreSQL: a negative n drops the first |n| characters (Spark's right gives '')
+            text, n = c(node.this), c(node.expression)
+            return F.when(n >= 0, F.right(text, n)).when(n < 0, text.substr(F.lit(1) - n, F.lit(2**31 - 1)))
         if isinstance(node, exp.MD5):
             return F.md5(c(node.this))
         if isinstance(node, exp.SplitPart):
@@ -142,11 +155,25 @@ class SparkExpressions:
         raise FeatureNotSupported(f"{node.sql(dialect='postgres')} has no Spark translation")
 
     def _text(self, node: exp.Expr) -> Column:
-        return F.to_json(self.column(node)) if self.type(node) in ("jsonb", "json") else self.column(node).cast("string")
+        """An operand of `||` as text, as its ::text cast gives it (view_scalars.check_text_form refused the rest)."""
+        source = self.type(node)
+        if source in ("text", "varchar", "unknown"):
+            return self.column(node)
+        return self._cast(exp.Cast(this=node, to=exp.DataType.build("text")))
 
     def _cast(self, node: exp.Cast) -> Column:
         source, target = self.type(node.this), type_of(node, self.columns)
         operand = self.column(node.this)
+        if target in INTEGER_TYPES and source in ("float4", "float8"):
+            # PostgreSQL's float -> integer cast rounds with rint(): half to even (2.5 -> 2, 3.5 -> 4).
+            return F.rint(operand).cast(SPARK_TYPES[target])
+        if target in INTEGER_TYPES and source == "numeric":
+            # numeric -> integer rounds half away from zero (-2.5 -> -3): Spark's round on a decimal is HALF_UP.
+            return F.round(operand, 0).cast(SPARK_TYPES[target])
+        if target in ("text", "varchar") and source in TEXT_FORMATS:
+            return TEXT_FORMATS[source](operand)
+        if target in ("text", "varchar") and source == "numeric":
+            return F.round(operand, numeric_display_scale(node.this, self.columns)).cast("string")
         if target in ("jsonb", "json"):
             return operand if source in ("jsonb", "json") else F.parse_json(operand.cast("string"))
         if source in ("jsonb", "json") and target in ("text", "varchar"):
@@ -172,6 +199,29 @@ class SparkExpressions:
             return ((left - left % right) / right).cast(SPARK_TYPES[result])
         return left / right
 
+    def _compared(self, node: exp.Expr, other: exp.Expr) -> Column:
+        """One side of a comparison; a string literal compared with a date or timestamp column is read as that type
+        here, in the document form the column travels in (days, microseconds), as PostgreSQL reads it."""
+        if isinstance(node, exp.Literal) and node.is_string:
+            other_type = self.type(other)
+            if other_type == "date":
+                return F.lit(date_literal_days(node.this))
+            if other_type == "timestamp":
+                return F.lit(timestamp_literal_micros(node.this))
+        return self.column(node)
+
+    def _substring(self, node: exp.Expr) -> Column:
+        """substr(s, start[, length]) as PostgreSQL counts: the characters at positions start .. start+length-1 that
+        exist (a start below 1 shortens the result; Spark would count a negative start from the end)."""
+        text = self.column(node.this)
+        start = self.column(node.args["start"]) if node.args.get("start") is not None else F.lit(1)
+        first = F.greatest(start, F.lit(1))  # (greatest skips NULL: a NULL start or length gives NULL below)
+        if node.args.get("length") is None:
+            return F.when(start.isNotNull(), text.substr(first, F.lit(2**31 - 1)))
+        length = self.column(node.args["length"]).cast("bigint")
+        taken = F.greatest(start.cast("bigint") + length - first, F.lit(0)).cast("int")
+        return F.when(start.isNotNull() & length.isNotNull(), text.substr(first, taken))
+
     def _case(self, node: exp.Case) -> Column:
         branches = node.args.get("ifs") or []
         subject = self.column(node.this) if node.this is not None else None
@@ -196,7 +246,26 @@ class SparkExpressions:
             return F.ceil(operand).cast(result_type)
         decimals = node.args.get("decimals")
         scale = int(decimals.this) if isinstance(decimals, exp.Literal) else 0
+        if not result_type.startswith("decimal"):
+            return F.rint(operand)  # round(float8) is rint() in PostgreSQL: half to even
         return F.round(operand.cast("decimal(38,10)") if result_type.startswith("decimal") else operand, scale).cast(result_type)
+
+
+def _timestamp_text(micros: Column) -> Column:
+    """PostgreSQL's text of a timestamp given as UTC microseconds: seconds, then the fraction without trailing zeros."""
+    fraction = F.regexp_replace(F.lpad(F.pmod(micros, F.lit(1_000_000)).cast("string"), 6, "0"), "0+$", "")
+    seconds = F.date_format(F.timestamp_micros(micros), "yyyy-MM-dd HH:mm:ss")
+    return F.concat(seconds, F.when(fraction == "", F.lit("")).otherwise(F.concat(F.lit("."), fraction)))
+
+
+# Text forms PostgreSQL gives that Spark's cast to string does not (date and timestamp arrive in their document
+# form: days and microseconds; timestamptz as a TIMESTAMP, shown as the UTC time: see docs/views.md).
+TEXT_FORMATS: dict[str, Callable[[Column], Column]] = {
+    "date": lambda days: F.date_format(F.date_from_unix_date(days.cast("int")), "yyyy-MM-dd"),
+    "timestamp": _timestamp_text,
+    "timestamptz": lambda ts: F.concat(_timestamp_text(F.unix_micros(ts)), F.lit("+00")),
+    "bool": lambda b: F.when(b, F.lit("true")).when(~b, F.lit("false")),
+}
 
 
 def _spark_json_path(path: exp.Expr) -> str:

@@ -8,6 +8,7 @@ Types are PostgreSQL type names (pg_type.typname); "unknown" is an untyped strin
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 
 from sqlglot import exp
@@ -15,6 +16,7 @@ from sqlglot import exp
 from headrace.errors import FeatureNotSupported, HeadraceError, UndefinedColumn
 from headrace.sql.select import PG_TYPE_NAMES
 
+INTEGER_TYPES = frozenset({"int2", "int4", "int8"})
 NUMERIC_RANK = {"int2": 0, "int4": 1, "int8": 2, "numeric": 3, "float4": 4, "float8": 5}
 TEXT_TYPES = frozenset({"text", "varchar", "unknown"})
 # Types a view's columns may have: what the serving store and the Spark translation both carry.
@@ -98,8 +100,10 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
     if isinstance(node, exp.Neg):
         return numeric_result(type_of(node.this, columns), "int4", "-")
     if isinstance(node, exp.Cast):
-        type_of(node.this, columns)
-        return cast_target(node.to)
+        source, target = type_of(node.this, columns), cast_target(node.to)
+        if target in ("text", "varchar"):
+            check_text_form(node.this, source, columns)
+        return target
     if isinstance(node, (exp.JSONExtract, exp.JSONExtractScalar)):
         operand = type_of(node.this, columns)
         if operand not in ("jsonb", "json"):
@@ -116,10 +120,20 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
                                       hint="group by date_trunc('hour', ts) instead")
         return numeric_result(left, right, symbol)
     if isinstance(node, exp.DPipe):
-        type_of(node.this, columns), type_of(node.expression, columns)
+        left, right = type_of(node.this, columns), type_of(node.expression, columns)
+        if left in ("jsonb", "json") and right in ("jsonb", "json", "unknown") or \
+                right in ("jsonb", "json") and left == "unknown":
+            raise FeatureNotSupported(f"jsonb || jsonb is not supported in materialized views yet: "
+                                      f"{node.sql(dialect='postgres')}")
+        check_text_form(node.this, left, columns)
+        check_text_form(node.expression, right, columns)
         return "text"
     if isinstance(node, COMPARISONS):
-        type_of(node.this, columns), type_of(node.expression, columns)
+        symbol = {exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}[type(node)]
+        left, right = type_of(node.this, columns), type_of(node.expression, columns)
+        check_comparable(left, right, symbol)
+        check_literal_against(node.this, right)
+        check_literal_against(node.expression, left)
         return "bool"
     if isinstance(node, (exp.And, exp.Or)):
         for side in (node.this, node.expression):
@@ -127,23 +141,35 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
                 raise InvalidViewExpression(f"argument of {node.key.upper()} must be type boolean")
         return "bool"
     if isinstance(node, exp.Not):
-        type_of(node.this, columns)
+        if isinstance(node.this, exp.Is) and not node.this.args.get("negate"):
+            # sqlglot reads `x IS NOT FALSE` as NOT (x IS FALSE): type it as the IS NOT it is, for the message
+            type_of(exp.Is(this=node.this.this, expression=node.this.expression, negate=True), columns)
+        else:
+            type_of(node.this, columns)
         return "bool"
     if isinstance(node, exp.Is):
-        type_of(node.this, columns)
+        operand = type_of(node.this, columns)
         if not isinstance(node.expression, (exp.Null, exp.Boolean)):
             raise FeatureNotSupported("IS supports NULL, TRUE and FALSE in materialized views")
+        if isinstance(node.expression, exp.Boolean) and operand not in ("bool", "unknown"):
+            test = f"IS {'NOT ' if node.args.get('negate') else ''}{'TRUE' if node.expression.this else 'FALSE'}"
+            raise InvalidViewExpression(f"argument of {test} must be type boolean, not type {_shown_type(operand)}")
         return "bool"
     if isinstance(node, exp.In):
         if node.args.get("query") is not None:
             raise FeatureNotSupported("subqueries are not supported in materialized views",
                                       hint="IN takes a list of constants here, e.g. x IN ('a', 'b')")
-        for child in (node.this, *node.expressions):
-            type_of(child, columns)
+        subject = type_of(node.this, columns)
+        for child in node.expressions:
+            check_comparable(subject, type_of(child, columns), "=")
+            check_literal_against(child, subject)
         return "bool"
     if isinstance(node, exp.Between):
-        for child in (node.this, node.args["low"], node.args["high"]):
-            type_of(child, columns)
+        subject = type_of(node.this, columns)
+        check_comparable(subject, type_of(node.args["low"], columns), ">=")
+        check_comparable(subject, type_of(node.args["high"], columns), "<=")
+        check_literal_against(node.args["low"], subject)
+        check_literal_against(node.args["high"], subject)
         return "bool"
     if isinstance(node, (exp.Like, exp.ILike)):
         type_of(node.this, columns), type_of(node.expression, columns)
@@ -178,6 +204,13 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
             type_of(child, columns)
         if operand not in NUMERIC_RANK:
             raise InvalidViewExpression(f"function {node.sql_name().lower()}({operand}) does not exist", sqlstate="42883")
+        decimals = node.args.get("decimals") if isinstance(node, exp.Round) else None
+        if decimals is not None and operand in ("float4", "float8"):
+            raise InvalidViewExpression(f"function round({operand}, {type_of(decimals, columns)}) does not exist",
+                                        sqlstate="42883", hint="cast the value to numeric first")
+        if decimals is not None and not (isinstance(decimals, exp.Literal) and not decimals.is_string):
+            raise FeatureNotSupported(f"{node.sql(dialect='postgres')}: round's scale must be a constant in "
+                                      "materialized views")
         return operand if isinstance(node, exp.Abs) else ("numeric" if operand in ("int2", "int4", "int8", "numeric") and isinstance(node, exp.Round) else operand)
     if isinstance(node, exp.TimestampTrunc):
         if type_of(node.this, columns) != "timestamptz":
@@ -199,6 +232,90 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
                                    "AND/OR/NOT, IS [NOT] NULL, IN (...), BETWEEN, LIKE, ||, CASE, coalesce, nullif, "
                                    "greatest, least, lower, upper, length, substr, trim, replace, left, right, "
                                    "split_part, md5, abs, round, floor, ceil and date_trunc")
+
+
+_COMPARABLE_FAMILIES = ({*NUMERIC_RANK}, {"text", "varchar"}, {"bool"}, {"timestamptz"}, {"date"}, {"timestamp"},
+                        {"uuid"}, {"interval"}, {"jsonb"}, {"json"})
+
+
+def date_literal_days(text: str) -> int:
+    """A date literal as the day number dates travel as (ISO form only; else 22007 at CREATE)."""
+    try:
+        return (datetime.date.fromisoformat(text.strip()) - datetime.date(1970, 1, 1)).days
+    except ValueError:
+        raise HeadraceError(f'invalid input syntax for type date: "{text}"', sqlstate="22007") from None
+
+
+def timestamp_literal_micros(text: str) -> int:
+    try:
+        moment = datetime.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise HeadraceError(f'invalid input syntax for type timestamp: "{text}"', sqlstate="22007") from None
+    moment = moment.replace(tzinfo=None)  # PostgreSQL ignores a zone given for a timestamp without time zone
+    return (moment - datetime.datetime(1970, 1, 1)) // datetime.timedelta(microseconds=1)
+
+
+
+def check_literal_against(node: exp.Expr, other: str) -> None:
+    """Parse a string literal compared with a date or timestamp now, so a bad one fails CREATE, not the pipeline."""
+    if isinstance(node, exp.Literal) and node.is_string:
+        if other == "date":
+            date_literal_days(node.this)
+        elif other == "timestamp":
+            timestamp_literal_micros(node.this)
+
+
+def check_comparable(left: str, right: str, symbol: str) -> None:
+    """Refuse a comparison PostgreSQL has no operator for (text = integer: 42883), or one across date/time types
+    (date < timestamptz), whose promotion the pipeline does not reproduce (0A000)."""
+    if "unknown" in (left, right):
+        return  # a string literal or NULL takes the other side's type
+    if any(left in family and right in family for family in _COMPARABLE_FAMILIES):
+        return
+    temporal = {"date", "timestamp", "timestamptz"}
+    if left in temporal and right in temporal:
+        raise FeatureNotSupported(f"comparing {_shown_type(left)} with {_shown_type(right)} is not supported in "
+                                  "materialized views", hint="cast one side so both have the same type")
+    raise InvalidViewExpression(f"operator does not exist: {_shown_type(left)} {symbol} {_shown_type(right)}",
+                                sqlstate="42883", hint="cast one side so both have the same type")
+
+
+def check_text_form(node: exp.Expr, source: str, columns: Columns) -> None:
+    """Refuse a conversion to text whose PostgreSQL output the pipeline cannot reproduce (0A000).
+
+    Spark prints doubles as Java does (1.0E10, 3.0) where PostgreSQL prints the shortest exact form (10000000000,
+    3); a numeric's text keeps each value's own display scale, which the pipeline does not carry (it computes on
+    decimal(38,10)); jsonb's text has PostgreSQL's spacing and key order."""
+    if source in ("float4", "float8", "jsonb", "json", "interval"):
+        raise FeatureNotSupported(
+            f"materialized views cannot compute {node.sql(dialect='postgres')}::text as PostgreSQL does "
+            f"({source}'s text form is not reproduced by the pipeline)",
+            hint="keep the value in its own type in the view and format it in the SELECT that reads the view")
+    if source == "numeric":
+        numeric_display_scale(node, columns)
+
+
+def numeric_display_scale(node: exp.Expr, columns: Columns) -> int:
+    """The display scale PostgreSQL gives every value of a numeric expression, where it is fixed by the expression:
+    floor/ceil/round(x) 0, round(x, s) s, an integer cast to numeric 0. Otherwise refused (0A000)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, (exp.Floor, exp.Ceil)):
+        return 0
+    if isinstance(node, exp.Round):
+        decimals = node.args.get("decimals")
+        return max(int(decimals.this), 0) if decimals is not None else 0
+    if isinstance(node, exp.Cast) and type_of(node.this, columns) in INTEGER_TYPES:
+        return 0
+    raise FeatureNotSupported(
+        f"materialized views cannot compute {node.sql(dialect='postgres')}::text as PostgreSQL does "
+        "(a numeric's text keeps each value's own display scale, which the pipeline does not carry)",
+        hint="round it first, e.g. round(x, 2)::text, or format it in the SELECT that reads the view")
+
+
+def _shown_type(pg_type: str) -> str:
+    return {"int2": "smallint", "int4": "integer", "int8": "bigint", "float4": "real", "float8": "double precision",
+            "timestamptz": "timestamp with time zone", "bool": "boolean"}.get(pg_type, pg_type)
 
 
 def _common_type(types: list[str]) -> str:

@@ -436,7 +436,7 @@ def _aggregate(index: int, call: exp.Expr, columns: dict[str, str], append_only:
     if function in ("array_agg", "set_agg") and arg_types[0] in ("timestamptz",):
         raise ViewRefused(f"{function} of timestamptz is not supported yet", hint="aggregate the text form: x::text")
     return Aggregate(index=index, function=function, args=tuple(args), arg_types=arg_types, filter=filter_expr,
-                     output_type=output_type(function, arg_types), maintenance=choose_maintenance(function, append_only))
+                     output_type=output_type(function, arg_types), maintenance=choose_maintenance(function, append_only, arg_types[0] if arg_types else None))
 
 
 def _function_name(call: exp.Expr) -> str:

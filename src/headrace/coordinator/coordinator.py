@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -310,7 +311,9 @@ class Coordinator:
         if statement.plan is not None or isinstance(statement, FastStatement) or isinstance(ast, SubscribeStatement):
             if session.in_block:
                 self.tables.refuse_read_of_own_writes(session, statement.sql)
-            await self.tables.wait_visible(statement.sql)  # read-your-writes of tables (coordinator/tables.py)
+            # read-your-writes of tables (coordinator/tables.py); a cancel and statement_timeout end the wait
+            await self.tables.wait_visible(statement.sql, cancel=cancel,
+                                           statement_timeout_s=statement_timeout_s(session.variables))
         if isinstance(statement, FastStatement):  # answered from an index (coordinator/fast_path.py)
             return await self.fast_path.execute(self, session, portal, max_rows, cancel)
         if statement.plan is not None:
@@ -429,6 +432,17 @@ class Coordinator:
         finally:
             cancelled.cancel()
             self.cursors.release(cursor, reusable)
+
+
+def statement_timeout_s(variables: dict[str, str]) -> float:
+    """The session's statement_timeout in seconds (0: none), read as PostgreSQL reads it: ms by default, or with a
+    unit (ms, s, min, h, d)."""
+    text = variables.get("statement_timeout", "0").strip().strip("'").lower()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|min|h|d)?", text)
+    if match is None:
+        return 0.0
+    scale = {"ms": 0.001, None: 0.001, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}[match.group(2)]
+    return float(match.group(1)) * scale
 
 
 def _next_rows(portal: Portal, max_rows: int, tag_verb: str = "SELECT", tag: str | None = None) -> SendingRows:

@@ -46,7 +46,7 @@ from headrace.coordinator.responses import Column, CommandComplete, ExecuteRespo
 from headrace.coordinator.session import Session
 from headrace.coordinator.table_log_state import TableLog
 from headrace.coordinator.table_writes import WriteComputer, column_document, defaults_document
-from headrace.errors import DuplicateObject, HeadraceError, UndefinedObject
+from headrace.errors import DuplicateObject, HeadraceError, QueryCanceled, UndefinedObject
 from headrace.sql import table_statements as grammar
 from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore
 from headrace.store.table_log import ValueError_, encode_changes
@@ -402,10 +402,12 @@ class Tables:
         return [v for v in self.catalog.views() if (v.input_schema, v.input_name) == (table.schema, table.name)]
 
     async def wait_visible(self, statement_sql: str | None = None, timeout_s: float = VISIBILITY_TIMEOUT_S,
-                           exclude: str | None = None) -> float:
+                           exclude: str | None = None, cancel: asyncio.Event | None = None,
+                           statement_timeout_s: float = 0.0) -> float:
         """Wait until the serving store holds every acknowledged write to the tables the statement may read
         (and the views over them it names are backfilled). Returns the seconds waited (0.0 on the fast path:
-        nothing outstanding, no store query)."""
+        nothing outstanding, no store query). A cancel (CancelRequest, the client gone) and the session's
+        statement_timeout end the wait with 57014, as they end a running statement."""
         targets = self.behind(statement_sql, exclude)
         if not targets:
             return 0.0
@@ -429,6 +431,10 @@ class Tables:
                 self._included[table_id] = views
             if all(caught_up(t) for t in targets):
                 return time.monotonic() - started
+            if cancel is not None and cancel.is_set():
+                raise QueryCanceled("canceling statement due to user request")
+            if statement_timeout_s > 0 and time.monotonic() - started > statement_timeout_s:
+                raise QueryCanceled("canceling statement due to statement timeout")
             if time.monotonic() - started > timeout_s:
                 lagging = [f"{self._logs[t].table.name} (applied up to offset {self._applied.get(t, 0)} of "
                            f"{targets[t][0]})" for t in targets if not caught_up(t)]

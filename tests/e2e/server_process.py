@@ -32,6 +32,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class PortTaken(RuntimeError):
+    """headrace could not bind its port: another process took it after free_port() picked it."""
+
+
 class HeadraceProcess:
     def __init__(self, data_dir: Path, extra_args: Sequence[str] = (), *, embedded_store: bool = False) -> None:
         self.data_dir = data_dir
@@ -51,11 +55,23 @@ class HeadraceProcess:
         return f"http://127.0.0.1:{self.http_port}/api/webhook/headrace/public/{name}"
 
     def start(self, timeout: float = 60.0, env: Mapping[str, str] | None = None) -> None:
-        """Start `headrace up`; `env` adds variables for this start only (e.g. HEADRACE_FAILPOINTS)."""
+        """Start `headrace up`; `env` adds variables for this start only (e.g. HEADRACE_FAILPOINTS). A port picked
+        free can be taken by another process before headrace binds it: then new ports, up to three times (read
+        `dsn` and `webhook_url` after a start)."""
+        for attempt in range(3):
+            try:
+                return self._start_once(timeout, env)
+            except PortTaken:
+                if attempt == 2:
+                    raise
+                self.pg_port, self.http_port = free_port(), free_port()
+
+    def _start_once(self, timeout: float, env: Mapping[str, str] | None) -> None:
         if not self.embedded_store and self.store_url is None and "--store" not in self.extra_args:
             self.store_url = new_store_database()
         store_args = ["--store", self.store_url] if self.store_url is not None else []
-        banners_before = self.output().count(UP_BANNER)
+        earlier_output = self.output()
+        banners_before = earlier_output.count(UP_BANNER)
         output = open(self.output_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "headrace.cli", "up", "--data-dir", str(self.data_dir),
@@ -68,7 +84,10 @@ class HeadraceProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"headrace exited with {self.process.returncode}:\n{self.output()}")
+                output = self.output()
+                if "address already in use" in output[len(earlier_output):]:
+                    raise PortTaken(output[len(earlier_output):][-500:])
+                raise RuntimeError(f"headrace exited with {self.process.returncode}:\n{output}")
             # Up once its banner is out (its store PostgreSQL answers by then) and it answers a query.
             if self.output().count(UP_BANNER) == banners_before:
                 time.sleep(0.1)

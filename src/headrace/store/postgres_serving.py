@@ -51,6 +51,7 @@ from headrace.store.serving import (
     PUBLIC_SCHEMA,
     SUPPORTED_TYPES,
     Changes,
+    CommitClock,
     ChangelogCompacted,
     Snapshot,
     changelog_name,
@@ -166,7 +167,7 @@ class ConnectionPool:
             conn.close()
 
 
-class PostgresServingStore:
+class PostgresServingStore(CommitClock):
     """The serving store in the store PostgreSQL's database `conninfo` names. Thread-safe."""
 
     def __init__(self, conninfo: str, pool_size: int = POOL_SIZE) -> None:
@@ -192,22 +193,6 @@ class PostgresServingStore:
         self._last_timestamp = int(row[0]) if row and row[0] is not None else 0
         self.commit_count = 0  # data commits so far (note_committed), as store/serving.py keeps it
         self._commit_listeners: list[Callable[[], None]] = []
-
-    def note_committed(self) -> None:
-        """Called by every writer right after a data commit became visible."""
-        with self._clock_lock:
-            self.commit_count += 1
-        for listener in self._commit_listeners:
-            listener()
-
-    def add_commit_listener(self, listener: Callable[[], None]) -> None:
-        self._commit_listeners.append(listener)
-
-    def next_commit_timestamp(self) -> int:
-        """A commit timestamp: ms since the epoch, strictly greater than every one handed out before."""
-        with self._clock_lock:
-            self._last_timestamp = max(self._last_timestamp + 1, time.time_ns() // 1_000_000)
-            return self._last_timestamp
 
     # ------------------------------------------------------------------------------------------ resources
 

@@ -128,7 +128,35 @@ def locked_down_config(threads: int) -> dict[str, Any]:
     }
 
 
-class ServingStore:
+class CommitClock:
+    """What both serving stores (DuckDB here, PostgreSQL in store/postgres_serving.py) keep the same way: commit
+    timestamps, strictly increasing per store, and the count and listeners of data commits. Subclasses set
+    `_clock_lock`, `_last_timestamp`, `commit_count` and `_commit_listeners` in their __init__."""
+
+    _clock_lock: threading.Lock
+    _last_timestamp: int
+    commit_count: int
+    _commit_listeners: list[Callable[[], None]]
+
+    def note_committed(self) -> None:
+        """Called by every writer right after a data commit became visible."""
+        with self._clock_lock:
+            self.commit_count += 1
+        for listener in self._commit_listeners:
+            listener()
+
+    def add_commit_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (cheap, non-blocking) after every data commit."""
+        self._commit_listeners.append(listener)
+
+    def next_commit_timestamp(self) -> int:
+        """A commit timestamp: ms since the epoch, strictly greater than every one handed out before."""
+        with self._clock_lock:
+            self._last_timestamp = max(self._last_timestamp + 1, time.time_ns() // 1_000_000)
+            return self._last_timestamp
+
+
+class ServingStore(CommitClock):
     """Owns the DuckDB database. Thread-safe: each thread or unit of work takes its own `cursor()`."""
 
     def __init__(self, path: Path, threads: int | None = None) -> None:
@@ -160,23 +188,6 @@ class ServingStore:
             cursor = self._connection.cursor()
         cursor.execute(f"SET search_path = '{PUBLIC_SCHEMA}'")
         return cursor
-
-    def note_committed(self) -> None:
-        """Called by every writer right after a data commit became visible."""
-        with self._clock_lock:
-            self.commit_count += 1
-        for listener in self._commit_listeners:
-            listener()
-
-    def add_commit_listener(self, listener: Callable[[], None]) -> None:
-        """Call `listener` (cheap, non-blocking) after every data commit."""
-        self._commit_listeners.append(listener)
-
-    def next_commit_timestamp(self) -> int:
-        """A commit timestamp: ms since the epoch, strictly greater than every one handed out before."""
-        with self._clock_lock:
-            self._last_timestamp = max(self._last_timestamp + 1, time.time_ns() // 1_000_000)
-            return self._last_timestamp
 
     # ------------------------------------------------------------------------------------------ resources
 

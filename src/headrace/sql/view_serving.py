@@ -2,8 +2,8 @@
 
 Table headrace_internal."view_<id>": hr_key VARCHAR (canonical JSON of the key values: NULL group keys are
 keys too), then ViewPlan.stored_fields: k*/a*/hr_state (aggregating) or o* (non-aggregating). The public
-relation public."<name>" is a DuckDB view over it computing the SELECT list (and HAVING) from k*/a*, casting
-stored types back to the view's column types; a global aggregate (no GROUP BY) shows its empty-input row
+relation public."<name>" is a view (DuckDB's or PostgreSQL's: the serving store's `dialect`) over it computing
+the SELECT list (and HAVING) from k*/a*, casting stored types back to the view's column types; a global aggregate (no GROUP BY) shows its empty-input row
 (count 0, other aggregates NULL) while the table is empty, as PostgreSQL's aggregate over no rows does."""
 
 from __future__ import annotations
@@ -61,19 +61,48 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _stored_reference(name: str, pg_type: str) -> exp.Expr:
+# The PostgreSQL serving store's column type for each stored type (store/postgres_serving.py's mapping).
+_STORED_IN_POSTGRES = {"INTEGER": "int4", "BIGINT": "int8", "DOUBLE": "float8", "VARCHAR": "text", "JSON": "jsonb",
+                       "BOOLEAN": "bool", "TIMESTAMPTZ": "timestamptz", "DATE": "date", "TIMESTAMP": "timestamp",
+                       "UUID": "uuid", "INTERVAL": "interval"}
+
+
+def _postgres_reference(column: exp.Expr, pg_type: str) -> exp.Expr:
+    """A stored column as the view's PostgreSQL type: arrays are kept as jsonb, the rest cast where the stored
+    type differs (int2 as int4, float4 and numeric as float8, varchar as text, json as jsonb)."""
+    if pg_type.endswith("[]"):
+        element = pg_type[:-2]
+        elements = exp.maybe_parse(
+            f"CASE WHEN {column.sql(dialect='postgres')} IS NULL THEN NULL ELSE ARRAY(SELECT "
+            f"CAST(e.value AS {element}) FROM jsonb_array_elements_text({column.sql(dialect='postgres')}) "
+            "WITH ORDINALITY AS e(value, position) ORDER BY e.position) END", dialect="postgres")
+        return exp.cast(elements, exp.DataType.build(pg_type, dialect="postgres"))
+    if _STORED_IN_POSTGRES[stored_type(pg_type)] == pg_type:
+        return column
+    return exp.cast(column, exp.DataType.build(pg_type, dialect="postgres"))
+
+
+def _stored_reference(name: str, pg_type: str, dialect: str = "duckdb") -> exp.Expr:
     column = exp.column(name, quoted=True)
+    if dialect == "postgres":
+        return _postgres_reference(column, pg_type)
     target = public_type(pg_type)
     return exp.cast(column, exp.DataType.build(target, dialect="duckdb")) if target else column
 
 
-def _over_stored(plan: ViewPlan, expression: exp.Expr, empty: bool = False) -> exp.Expr:
-    """An output expression over k*/a* as DuckDB SQL: stored columns cast back, integer division kept
-    integral; with `empty`, each aggregate replaced by its value over no input rows."""
+def _null_of(pg_type: str, dialect: str) -> exp.Expr:
+    if dialect == "postgres":
+        return exp.cast(exp.null(), exp.DataType.build(pg_type, dialect="postgres"))
+    return exp.cast(exp.null(), exp.DataType.build(public_type(pg_type) or stored_type(pg_type), dialect="duckdb"))
+
+
+def _over_stored(plan: ViewPlan, expression: exp.Expr, empty: bool = False, dialect: str = "duckdb") -> exp.Expr:
+    """An output expression over k*/a*: stored columns cast back; on DuckDB, integer division kept integral
+    (PostgreSQL's own `/` already is); with `empty`, each aggregate replaced by its value over no input rows."""
     types = plan.stored_types()
     functions = {a.field: a.function for a in plan.aggregates}
     expression = expression.copy()
-    for division in list(expression.find_all(exp.Div)):
+    for division in list(expression.find_all(exp.Div)) if dialect == "duckdb" else ():
         if type_of(division.this, types) in ("int2", "int4", "int8") and \
                 type_of(division.expression, types) in ("int2", "int4", "int8"):
             integral = exp.Cast(this=exp.IntDiv(this=division.this.copy(), expression=division.expression.copy()),
@@ -88,29 +117,32 @@ def _over_stored(plan: ViewPlan, expression: exp.Expr, empty: bool = False) -> e
             if empty:
                 if functions.get(node.name) in _EMPTY_ZERO:
                     return exp.Literal.number(0)
-                return exp.cast(exp.null(), exp.DataType.build(public_type(types[node.name]) or stored_type(types[node.name]),
-                                                               dialect="duckdb"))
-            return _stored_reference(node.name, types[node.name])
+                return _null_of(types[node.name], dialect)
+            return _stored_reference(node.name, types[node.name], dialect)
         return node
 
     return expression.transform(replace, copy=False)
 
 
-def public_relation_sql(plan: ViewPlan, view_id: str) -> str:
-    """CREATE OR REPLACE VIEW public."<name>" over the view's table (idempotent)."""
+def public_relation_sql(plan: ViewPlan, view_id: str, dialect: str = "duckdb") -> str:
+    """CREATE OR REPLACE VIEW public."<name>" over the view's table (idempotent), in `dialect` ("duckdb" or
+    "postgres": the serving store's `dialect`)."""
     table = f"{INTERNAL_SCHEMA}.{_quote(f'view_{view_id}')}"
     if not plan.aggregating:
         types = plan.stored_types()
-        items = [f"{_stored_reference(f'o{i}', types[f'o{i}']).sql(dialect='duckdb')} AS {_quote(o.name)}"
+        items = [f"{_stored_reference(f'o{i}', types[f'o{i}'], dialect).sql(dialect=dialect)} AS {_quote(o.name)}"
                  for i, o in enumerate(plan.outputs)]
         return f"CREATE OR REPLACE VIEW {plan.schema}.{_quote(plan.name)} AS SELECT {', '.join(items)} FROM {table}"
-    items = [f"{_over_stored(plan, o.expression).sql(dialect='duckdb')} AS {_quote(o.name)}" for o in plan.outputs]
-    having = f" WHERE {_over_stored(plan, plan.having).sql(dialect='duckdb')}" if plan.having is not None else ""
+
+    def over(expression: exp.Expr, empty: bool = False) -> str:
+        return _over_stored(plan, expression, empty, dialect).sql(dialect=dialect)
+
+    items = [f"{over(o.expression)} AS {_quote(o.name)}" for o in plan.outputs]
+    having = f" WHERE {over(plan.having)}" if plan.having is not None else ""
     select = f"SELECT {', '.join(items)} FROM {table}{having}"
     if not plan.group_keys:
-        empty_items = [f"{_over_stored(plan, o.expression, empty=True).sql(dialect='duckdb')} AS {_quote(o.name)}"
-                       for o in plan.outputs]
-        empty_having = f" AND ({_over_stored(plan, plan.having, empty=True).sql(dialect='duckdb')})" if plan.having is not None else ""
+        empty_items = [f"{over(o.expression, empty=True)} AS {_quote(o.name)}" for o in plan.outputs]
+        empty_having = f" AND ({over(plan.having, empty=True)})" if plan.having is not None else ""
         select += f" UNION ALL SELECT {', '.join(empty_items)} WHERE NOT EXISTS (SELECT 1 FROM {table}){empty_having}"
     return f"CREATE OR REPLACE VIEW {plan.schema}.{_quote(plan.name)} AS {select}"
 

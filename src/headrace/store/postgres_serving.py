@@ -170,6 +170,8 @@ class ConnectionPool:
 class PostgresServingStore(CommitClock):
     """The serving store in the store PostgreSQL's database `conninfo` names. Thread-safe."""
 
+    dialect = "postgres"  # the SQL its readers write (ServingStore: "duckdb")
+
     def __init__(self, conninfo: str, pool_size: int = POOL_SIZE) -> None:
         self.conninfo = conninfo
         self.pool = ConnectionPool(conninfo, pool_size)

@@ -159,6 +159,8 @@ class CommitClock:
 class ServingStore(CommitClock):
     """Owns the DuckDB database. Thread-safe: each thread or unit of work takes its own `cursor()`."""
 
+    dialect = "duckdb"  # the SQL its readers write (PostgresServingStore: "postgres")
+
     def __init__(self, path: Path, threads: int | None = None) -> None:
         self.path = path
         self._connection = duckdb.connect(str(path), config=locked_down_config(threads or default_threads()))

@@ -316,7 +316,7 @@ class PostgresServingStore(CommitClock):
     # ------------------------------------------------------------------------------------------ readers
 
     @contextmanager
-    def _reading(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
+    def reading(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
         """`conn` as given (the caller's transaction), or a pooled one in a REPEATABLE READ transaction."""
         if conn is not None:
             yield conn
@@ -327,14 +327,14 @@ class PostgresServingStore(CommitClock):
 
     def latest_timestamp(self, materialization: str, conn: psycopg.Connection[Any] | None = None) -> int | None:
         """The commit timestamp the store has applied `materialization` up to (None: never committed)."""
-        with self._reading(conn) as reader:
+        with self.reading(conn) as reader:
             row = reader.execute(f"SELECT max(committed_at) FROM {CHECKPOINTS_TABLE} WHERE materialization = %s",
                                  [materialization]).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
     def changelog_since(self, resource_path: tuple[str, ...], conn: psycopg.Connection[Any] | None = None) -> int:
         """The changelog's `since` frontier: every change with hr_timestamp >= since is retained."""
-        with self._reading(conn) as reader:
+        with self.reading(conn) as reader:
             row = reader.execute(f"SELECT since FROM {FRONTIERS_TABLE} WHERE changelog = %s",
                                  [changelog_name(resource_path)]).fetchone()
         if row is None:
@@ -345,7 +345,7 @@ class PostgresServingStore(CommitClock):
                       conn: psycopg.Connection[Any] | None = None) -> Changes:
         """Changes committed after `timestamp` (and at or before `upto`), ordered by timestamp, retractions
         first. ChangelogCompacted if some were compacted away (timestamp + 1 < since)."""
-        with self._reading(conn) as reader:
+        with self.reading(conn) as reader:
             since = self.changelog_since(resource_path, reader)
             if timestamp + 1 < since:
                 raise ChangelogCompacted(
@@ -361,7 +361,7 @@ class PostgresServingStore(CommitClock):
 
     def snapshot(self, resource_path: tuple[str, ...], materialization: str) -> Snapshot:
         """The table's rows and the commit timestamp they reflect, read in one transaction."""
-        with self._reading(None) as reader:
+        with self.reading(None) as reader:
             timestamp = self.latest_timestamp(materialization, reader)
             with reader.cursor() as cursor:
                 cursor.execute(f"SELECT * FROM {qualified_name(resource_path)}")

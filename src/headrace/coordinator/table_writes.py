@@ -3,11 +3,12 @@ the rows an INSERT adds, the (old, new) pairs of an UPDATE, the rows a DELETE re
 
 INSERT ... VALUES of constants and parameters (what drivers send: psycopg's executemany, asyncpg) is
 evaluated here in Python, with each parameter typed as its target column (as PostgreSQL describes it).
-Anything else (expressions in VALUES, INSERT ... SELECT, SET expressions, WHERE) is planned like a SELECT
-(sql/select.py: names resolved, PostgreSQL functions translated) and run by the serving store; UPDATE and
-DELETE read the table's current contents (store rows + unapplied log + this transaction) through a CTE of
-the table's name (store/table_reads.select_current). Values are then converted to their column's type as
-PostgreSQL's assignment would (store/table_log.to_document: 22P02, 22003, 22001)."""
+Anything else (expressions in VALUES, INSERT ... SELECT, SET expressions, WHERE) runs in the serving store;
+UPDATE and DELETE read the table's current contents (store rows + unapplied log + this transaction) through a
+CTE of the table's name. On DuckDB it is planned like a SELECT (sql/select.py: names resolved, PostgreSQL
+functions translated; store/table_reads.select_current) and values are converted to their column's type as
+PostgreSQL's assignment would (store/table_log.to_document: 22P02, 22003, 22001). On PostgreSQL the statement's
+own SQL runs there, values assigned by PostgreSQL itself (coordinator/table_writes_postgres.py)."""
 
 from __future__ import annotations
 
@@ -23,14 +24,16 @@ from sqlglot import exp
 from headrace.catalog.items import DEFAULT_SCHEMA
 from headrace.catalog.tables import Table, TableColumn
 from headrace.coordinator import table_upserts as upserts
+from headrace.coordinator import table_writes_postgres as on_postgres
 from headrace.coordinator.table_defaults import default_ast, default_document
 from headrace.errors import FeatureNotSupported, HeadraceError, SyntaxError_, UndefinedColumn
 from headrace.sql import table_statements as grammar
 from headrace.sql.select import SelectPlan, plan_select
 from headrace.store.query import run_query, session_parameters
+from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import ServingStore
 from headrace.store.table_log import Document, ValueError_, to_document
-from headrace.store.table_reads import select_current, select_over_pairs
+from headrace.store.table_reads import Store, select_current, select_over_pairs
 
 Key = tuple[Any, ...]
 SET_PREFIX = "hr_set_"
@@ -97,7 +100,7 @@ def _values_rows(ast: exp.Insert) -> list[list[exp.Expr]] | None:
 
 
 class WriteComputer:
-    def __init__(self, store: ServingStore, executor: ThreadPoolExecutor,
+    def __init__(self, store: Store, executor: ThreadPoolExecutor,
                  relation_exists: Callable[[str, str], bool]) -> None:
         self.store = store
         self.executor = executor
@@ -136,6 +139,9 @@ class WriteComputer:
         if rows is not None and all(_is_simple(node) for row in rows for node in row):
             values = [[_DEFAULT if _is_default(node) else _simple_value(node, params) for node in row]
                       for row in rows]
+        elif isinstance(self.store, PostgresServingStore):
+            values = await self._run(on_postgres.insert_values, self.store, table, ast,
+                                     [c for c in columns if c is not None], params, session, _is_default)
         else:
             plan = self._insert_plan(table, ast, ())
             values = await self._run(self._query, plan, session_parameters(plan, params, session))
@@ -173,31 +179,20 @@ class WriteComputer:
 
     # ---- UPDATE / DELETE ----------------------------------------------------------------------------
     def _filter_plan(self, table: Table, ast: exp.Expr, declared: Sequence[int]) -> SelectPlan:
-        """SELECT t.*[, SET expressions] FROM t [AS alias] WHERE ...: over a CTE named t (the current contents)."""
-        target = ast.this.copy()
-        assert isinstance(target, exp.Table)
-        target.set("db", None)
-        target.set("catalog", None)
-        reference = target.alias or target.name
-        projections: list[exp.Expr] = [exp.Column(this=exp.Star(), table=exp.to_identifier(reference, quoted=True))]
-        if isinstance(ast, exp.Update):
-            for index, (column, value) in enumerate(_set_list(ast, table)):
-                projections.append(exp.alias_(_typed(value, column), f"{SET_PREFIX}{index}", quoted=True))
-        select = exp.Select(expressions=projections).from_(target)
-        where = ast.args.get("where")
-        if where is not None:
-            where = where.copy()
-            _type_compared_parameters(where, table)
-            select.set("where", where)
-
         def exists(schema: str, name: str) -> bool:
             return (schema, name) == (DEFAULT_SCHEMA, table.name) or self._relation_exists(schema, name)
 
-        return plan_select(select, exists, declared)
+        return plan_select(_filter_select(table, ast), exists, declared)
 
     async def update_pairs(self, table: Table, ast: exp.Update, params: Sequence[Any], session: Any,
                            overlay: dict[Key, Document | None]) -> list[tuple[Document, Document]]:
         assignments = _set_list(ast, table)
+        if isinstance(self.store, PostgresServingStore):
+            found = await self._run(on_postgres.current_rows, self.store, table, _filter_select(table, ast),
+                                    [column for column, _ in assignments], overlay, params, session)
+            return [(old, {**old, **{column.name: _converted(column, value)
+                                     for (column, _), value in zip(assignments, values)}})
+                    for old, values in zip(_documents(table, [row for row, _ in found]), (v for _, v in found))]
         plan = self._filter_plan(table, ast, ())
         found = await self._run(select_current, self.store, table, overlay, plan.duckdb_sql,
                                 session_parameters(plan, params, session), len(assignments))
@@ -211,6 +206,10 @@ class WriteComputer:
 
     async def delete_rows(self, table: Table, ast: exp.Delete, params: Sequence[Any], session: Any,
                           overlay: dict[Key, Document | None]) -> list[Document]:
+        if isinstance(self.store, PostgresServingStore):
+            found = await self._run(on_postgres.current_rows, self.store, table, _filter_select(table, ast), [],
+                                    overlay, params, session)
+            return _documents(table, [row for row, _ in found])
         plan = self._filter_plan(table, ast, ())
         found = await self._run(select_current, self.store, table, overlay, plan.duckdb_sql,
                                 session_parameters(plan, params, session), 0)
@@ -224,6 +223,15 @@ class WriteComputer:
         if not conflicts:
             return []
         select = upserts.update_select(table, ast, upsert, _typed)
+        results: list[tuple[Document, Document] | None] = [None] * len(conflicts)
+        if isinstance(self.store, PostgresServingStore):
+            accepted = await self._run(on_postgres.upsert_rows, self.store, table, select, upsert, conflicts,
+                                       params, session)
+            for index, values in accepted:
+                old = conflicts[index][0]
+                results[index] = (old, {**old, **{column.name: _converted(column, value)
+                                                  for (column, _), value in zip(upsert.assignments, values)}})
+            return results
 
         def exists(schema: str, name: str) -> bool:
             return (schema, name) == (DEFAULT_SCHEMA, table.name) or self._relation_exists(schema, name)
@@ -232,7 +240,6 @@ class WriteComputer:
         rows = await self._run(select_over_pairs, self.store, table, conflicts, plan.duckdb_sql,
                                session_parameters(plan, params[:len(plan.param_types)], session),
                                upserts.EXCLUDED_PREFIX, upserts.ROW_INDEX)
-        results: list[tuple[Document, Document] | None] = [None] * len(conflicts)
         count = len(upsert.assignments)
         for row in rows:
             index = row[-1]
@@ -247,12 +254,42 @@ class WriteComputer:
 
     # ---- plumbing -----------------------------------------------------------------------------------
     def _query(self, plan: SelectPlan, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        assert isinstance(self.store, ServingStore)
         with self.store.cursor() as cursor:
             _, rows = run_query(cursor, plan, params)
         return rows
 
     async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+
+
+def _filter_select(table: Table, ast: exp.Expr) -> exp.Select:
+    """SELECT t.*[, SET expressions] FROM t [AS alias] WHERE ...: over a CTE named t (the current contents)."""
+    target = ast.this.copy()
+    assert isinstance(target, exp.Table)
+    target.set("db", None)
+    target.set("catalog", None)
+    reference = target.alias or target.name
+    projections: list[exp.Expr] = [exp.Column(this=exp.Star(), table=exp.to_identifier(reference, quoted=True))]
+    if isinstance(ast, exp.Update):
+        for index, (column, value) in enumerate(_set_list(ast, table)):
+            projections.append(exp.alias_(_typed(value, column), f"{SET_PREFIX}{index}", quoted=True))
+    select = exp.Select(expressions=projections).from_(target)
+    where = ast.args.get("where")
+    if where is not None:
+        where = where.copy()
+        _type_compared_parameters(where, table)
+        select.set("where", where)
+    return select
+
+
+def _documents(table: Table, rows: list[tuple[Any, ...]]) -> list[Document]:
+    """Rows of the table's stored columns (PostgreSQL's values) as row documents."""
+    from headrace.store.table_log import from_store
+
+    types = table.store_columns()
+    return [{name: from_store(store_type, value) for (name, store_type), value in zip(types.items(), row)}
+            for row in rows]
 
 
 def _set_list(ast: exp.Update, table: Table) -> list[tuple[TableColumn, exp.Expr]]:

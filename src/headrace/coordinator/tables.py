@@ -48,9 +48,12 @@ from headrace.coordinator.table_log_state import TableLog
 from headrace.coordinator.table_writes import WriteComputer, column_document, defaults_document
 from headrace.errors import DuplicateObject, HeadraceError, QueryCanceled, UndefinedObject
 from headrace.sql import table_statements as grammar
-from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore
+from headrace.store import table_reads_postgres as on_postgres
+from headrace.store.postgres_serving import PostgresServingStore
+from headrace.store.serving import CHECKPOINTS_TABLE
 from headrace.store.table_log import ValueError_, encode_changes
 from headrace.store.table_reads import (
+    Store,
     applied_checkpoints,
     applied_ends,
     public_relation_sql,
@@ -71,7 +74,7 @@ def handles(ast: exp.Expr) -> bool:
 
 
 class Tables:
-    def __init__(self, catalog: Catalog, store: ServingStore, executor: ThreadPoolExecutor, data_root: Path,
+    def __init__(self, catalog: Catalog, store: Store, executor: ThreadPoolExecutor, data_root: Path,
                  ddl_lock: asyncio.Lock, on_tables_changed: Callable[[], None],
                  relation_exists: Callable[[str, str], bool]) -> None:
         self.catalog = catalog
@@ -119,6 +122,9 @@ class Tables:
 
     def _ensure_store(self, table: Table) -> None:
         self.store.apply(table_binding(table))
+        if isinstance(self.store, PostgresServingStore):
+            on_postgres.create_public_relation(self.store, table, on_postgres.storage_name(table))
+            return
         with self.store.cursor() as cursor:
             cursor.execute(public_relation_sql(table))
 
@@ -479,6 +485,9 @@ class Tables:
                     raise UndefinedObject(f'table "{name}" does not exist')
                 targets.append(table)
             cascade = bool(ast.args.get("cascade"))
+            if not cascade and isinstance(self.store, PostgresServingStore):
+                for table in targets:
+                    await self._run(self._refuse_drop_with_dependents, table)
             if self.views is not None:
                 for table in targets:
                     if not cascade:
@@ -492,15 +501,27 @@ class Tables:
                     async with table_log.lock:
                         await table_log.close()
                 self._applied.pop(table.id, None)
-                await self._run(self._remove_files, table)
+                await self._run(self._remove_files, table, cascade)
             if targets:
                 self._on_tables_changed()
             return CommandComplete("DROP TABLE", tuple(notices))
 
-    def _remove_files(self, table: Table) -> None:
-        with self.store.cursor() as cursor:
-            cursor.execute(f'DROP VIEW IF EXISTS "{table.schema}"."{table.name}"')
-            cursor.execute(f"DELETE FROM {CHECKPOINTS_TABLE} WHERE materialization = ?", [table.materialization])
+    def _refuse_drop_with_dependents(self, table: Table) -> None:
+        """PostgreSQL's 2BP01 when plain views users created in the store read the table (CASCADE drops them)."""
+        assert isinstance(self.store, PostgresServingStore)
+        dependents = on_postgres.dependent_views(self.store, table)
+        if dependents:
+            raise HeadraceError(f"cannot drop table {table.name} because other objects depend on it",
+                                sqlstate="2BP01", hint="Use DROP ... CASCADE to drop the dependent objects too.",
+                                detail="\n".join(f"{d} depends on table {table.name}" for d in dependents))
+
+    def _remove_files(self, table: Table, cascade: bool = False) -> None:
+        if isinstance(self.store, PostgresServingStore):
+            on_postgres.remove_public_relation(self.store, table, table.materialization, cascade)
+        else:
+            with self.store.cursor() as cursor:
+                cursor.execute(f'DROP VIEW IF EXISTS "{table.schema}"."{table.name}"')
+                cursor.execute(f"DELETE FROM {CHECKPOINTS_TABLE} WHERE materialization = ?", [table.materialization])
         self.store.drop(table_binding(table).resource_path)
         shutil.rmtree(self._log_dir(table), ignore_errors=True)
         shutil.rmtree(self.data_root / "pipeline" / "checkpoints" / table.materialization, ignore_errors=True)

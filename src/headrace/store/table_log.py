@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import struct
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
@@ -116,9 +117,12 @@ def to_document(pg_type: str, value: Any, max_length: int | None = None, precisi
         if isinstance(value, bool):
             raise _bad(pg_type, value)
         try:
-            return float(value.strip() if isinstance(value, str) else value)
+            number = float(value.strip() if isinstance(value, str) else value)
         except (TypeError, ValueError):
             raise _bad(pg_type, value) from None
+        if pg_type == "float4":
+            _check_real(value, number)
+        return number
     if pg_type in ("text", "varchar", "bpchar"):
         text = value if isinstance(value, str) else _as_text(value)
         if max_length is not None:
@@ -172,6 +176,23 @@ def from_store(store_type: str, value: Any) -> Any:
 
 _EXACT_BY_STORE_TYPE = {"DECIMAL": "numeric", "DATE": "date", "TIMESTAMP": "timestamp", "UUID": "uuid",
                         "INTERVAL": "interval"}
+
+
+def _check_real(value: Any, number: float) -> None:
+    """A finite value beyond real's range (or so small it would become 0) is PostgreSQL's 22003, as float4in and
+    the float8 -> float4 cast refuse it (never stored to fail every later read of the column as real)."""
+    if number != number or number in (float("inf"), float("-inf")):
+        return
+    try:
+        narrowed = struct.unpack("f", struct.pack("f", number))[0]
+    except OverflowError:
+        narrowed = float("inf")
+    if narrowed in (float("inf"), float("-inf")) or (narrowed == 0.0 and number != 0.0):
+        if isinstance(value, float):
+            kind = "overflow" if narrowed != 0.0 else "underflow"
+            raise ValueError_("22003", f"value out of range: {kind}")
+        text = value.strip() if isinstance(value, str) else format(Decimal(value), "f")
+        raise ValueError_("22003", f'"{text}" is out of range for type real')
 
 
 def _integer(value: Any, name: str) -> int:

@@ -19,7 +19,11 @@ from headrace.catalog.tables import Table
 from headrace.materialize.protocol import Binding
 from headrace.store.serving import CHECKPOINTS_TABLE, INTERNAL_SCHEMA, ServingStore, qualified_name, quote_ident
 from headrace.store import table_types
+from headrace.store import table_reads_postgres as on_postgres
+from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.table_log import Document, from_store
+
+Store = ServingStore | PostgresServingStore  # branch on store.dialect: "duckdb" / "postgres"
 
 Key = tuple[Any, ...]
 _ARROW_TYPES = {"INTEGER": pa.int32(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(), "VARCHAR": pa.string(),
@@ -39,24 +43,29 @@ def table_binding(table: Table) -> Binding:
                    values=tuple(c for c in columns if c not in key), column_types=columns)
 
 
-def public_relation_sql(table: Table) -> str:
-    """The user-visible relation: the declared columns in order (the hidden row id stays hidden)."""
+def public_relation_sql(table: Table, dialect: str = "duckdb") -> str:
+    """The user-visible relation: the declared columns in order (the hidden row id stays hidden); on PostgreSQL
+    each cast to its declared type (store/table_reads_postgres.py)."""
+    if dialect == "postgres":
+        return on_postgres.public_relation_sql(table, qualified_name(table_binding(table).resource_path))
     columns = ", ".join(quote_ident(c) for c in table.column_names())
     return (f"CREATE OR REPLACE VIEW {quote_ident(table.schema)}.{quote_ident(table.name)} AS SELECT {columns} "
             f"FROM {qualified_name(table_binding(table).resource_path)}")
 
 
-def applied_ends(store: ServingStore, materializations: Sequence[str],
+def applied_ends(store: Store, materializations: Sequence[str],
                  cursor: duckdb.DuckDBPyConnection | None = None) -> dict[str, int]:
     """materialization -> the log_end its stored checkpoint says the store holds (0 when none yet)."""
     return {name: end for name, (end, _) in applied_checkpoints(store, materializations, cursor).items()}
 
 
-def applied_checkpoints(store: ServingStore, materializations: Sequence[str],
+def applied_checkpoints(store: Store, materializations: Sequence[str],
                         cursor: duckdb.DuckDBPyConnection | None = None) -> dict[str, tuple[int, frozenset[str]]]:
     """materialization -> (log_end, ids of the views whose state the checkpoint includes)."""
     if not materializations:
         return {}
+    if isinstance(store, PostgresServingStore):
+        return _checkpoint_ends(materializations, on_postgres.applied_checkpoints(store, materializations))
     own = cursor is None
     cursor = cursor or store.cursor()
     try:
@@ -66,10 +75,16 @@ def applied_checkpoints(store: ServingStore, materializations: Sequence[str],
     finally:
         if own:
             cursor.close()
+    return _checkpoint_ends(materializations, rows)
+
+
+def _checkpoint_ends(materializations: Sequence[str],
+                     rows: Sequence[tuple[str, Any]]) -> dict[str, tuple[int, frozenset[str]]]:
     found: dict[str, tuple[int, frozenset[str]]] = {name: (0, frozenset()) for name in materializations}
     seen: set[str] = set()
     for name, checkpoint in rows:
-        stored = json.loads(checkpoint) if checkpoint else {}
+        # DuckDB's JSON and the PostgreSQL store's jsonb come as text; a pool without the text loader parses it
+        stored = (json.loads(checkpoint) if isinstance(checkpoint, (str, bytes)) else checkpoint) or {}
         end, views = int(stored.get("log_end", 0)), frozenset(stored.get("views") or ())
         if name in seen:  # several key ranges: what all of them hold
             end, views = min(end, found[name][0]), views & found[name][1]
@@ -85,12 +100,16 @@ def _documents(table: Table, names: Sequence[str], rows: list[tuple[Any, ...]]) 
              for (name, type_name), value in zip(converters, row)} for row in rows]
 
 
-def rows_for_keys(store: ServingStore, table: Table, keys: Sequence[Key]) -> dict[Key, Document]:
+def rows_for_keys(store: Store, table: Table, keys: Sequence[Key]) -> dict[Key, Document]:
     """The stored rows with these keys (absent keys are not in the result)."""
     if not keys:
         return {}
     key_columns = table.store_key
     store_table = qualified_name(table_binding(table).resource_path)
+    if isinstance(store, PostgresServingStore):
+        names, rows = on_postgres.rows_for_keys(store, table, keys, store_table)
+        found = _documents(table, names, rows)
+        return {tuple(document[c] for c in key_columns): document for document in found}
     types = table.store_columns()
     with store.cursor() as cursor:
         if len(keys) == 1:
@@ -108,11 +127,13 @@ def rows_for_keys(store: ServingStore, table: Table, keys: Sequence[Key]) -> dic
     return {tuple(document[c] for c in key_columns): document for document in documents}
 
 
-def select_current(store: ServingStore, table: Table, overlay: Mapping[Key, Document | None], select_sql: str,
+def select_current(store: Store, table: Table, overlay: Mapping[Key, Document | None], select_sql: str,
                    params: Sequence[Any], extra_columns: int) -> list[tuple[Document, tuple[Any, ...]]]:
     """Run `select_sql` (DuckDB, reading the table by its bare name) over the table's current contents: the
     store's rows with `overlay` applied, offered as a CTE of the table's name. The query's first columns
-    must be the stored columns (SELECT t.*), then `extra_columns` more; returns (row document, extras)."""
+    must be the stored columns (SELECT t.*), then `extra_columns` more; returns (row document, extras).
+    DuckDB only: on PostgreSQL, coordinator/table_writes_postgres.py runs the statement's own query."""
+    assert isinstance(store, ServingStore)
     types = table.store_columns()
     names = list(types)
     store_table = qualified_name(table_binding(table).resource_path)
@@ -141,12 +162,13 @@ def select_current(store: ServingStore, table: Table, overlay: Mapping[Key, Docu
     return [(document, row[count:count + extra_columns]) for document, row in zip(documents, rows)]
 
 
-def select_over_pairs(store: ServingStore, table: Table, pairs: Sequence[tuple[Document, Document]],
+def select_over_pairs(store: Store, table: Table, pairs: Sequence[tuple[Document, Document]],
                       select_sql: str, params: Sequence[Any], excluded_prefix: str,
                       index_column: str) -> list[tuple[Any, ...]]:
     """Run `select_sql` over a relation of the table's name holding, per pair, the existing row's columns, the
     proposed row's as <excluded_prefix><column>, and the pair's index as `index_column` (ON CONFLICT DO UPDATE:
-    coordinator/table_upserts.py). Returns the result rows."""
+    coordinator/table_upserts.py). Returns the result rows. DuckDB only (PostgreSQL: table_writes_postgres.py)."""
+    assert isinstance(store, ServingStore)
     types = table.store_columns()
     arrays: dict[str, pa.Array] = {}
     for prefix, position in (("", 0), (excluded_prefix, 1)):

@@ -1,0 +1,139 @@
+"""The queries of INSERT / UPDATE / DELETE / ON CONFLICT DO UPDATE on the PostgreSQL serving store: generated
+from the statement's own AST in PostgreSQL's dialect (not sql/select.py's DuckDB translation) and run BY
+PostgreSQL (store/table_reads_postgres.py: as a role that is no superuser, values assigned to their columns
+by PostgreSQL's own assignment), so `UPDATE t SET x = x / 2 WHERE y ~ 'a'` gets PostgreSQL's answer and its
+errors (22012, 22003, 22001, ...). Blocking: run in the executor.
+
+  * INSERT ... VALUES with expressions / INSERT ... SELECT: `INSERT INTO <temporary table of the target columns'
+    declared types> <the statement's VALUES or query> RETURNING *` (PostgreSQL's coercion of VALUES rows to
+    their target columns, DEFAULT replaced by the column's default expression);
+  * UPDATE / DELETE: `SELECT t.*, <SET expressions> FROM t [AS alias] WHERE ...` under `WITH t AS (<the
+    table's current contents>)`: the store's rows with the overlay of acknowledged, unapplied rows (and the
+    transaction's own) laid over them, as store/table_reads.select_current does on DuckDB;
+  * ON CONFLICT DO UPDATE: the SET expressions over a relation of the table's name holding each conflict's
+    existing row and its proposed row (EXCLUDED.col), the WHERE applied before SET is evaluated, as in
+    PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlglot import exp
+
+from headrace.catalog.tables import Table, TableColumn
+from headrace.coordinator import table_upserts as upserts
+from headrace.coordinator.table_defaults import default_ast
+from headrace.errors import HeadraceError
+from headrace.store import table_reads_postgres as on_postgres
+from headrace.store.postgres_serving import PostgresServingStore
+from headrace.store.serving import quote_ident
+
+Key = tuple[Any, ...]
+Document = dict[str, Any]
+DIALECT = "postgres"
+_SESSION_SETTINGS = {"timezone": "TimeZone", "statement_timeout": "statement_timeout"}
+
+
+def session_settings(session: Any) -> dict[str, str]:
+    """The session's settings a write's query depends on (TimeZone for casts of timestamptz, its
+    statement_timeout), to be SET LOCAL for it."""
+    variables: Mapping[str, str] = getattr(session, "variables", None) or {}
+    return {setting: str(variables[name]) for name, setting in _SESSION_SETTINGS.items() if name in variables}
+
+
+def _parameter_number(node: exp.Expr) -> int | None:
+    text = (node.name if isinstance(node, exp.Placeholder) else
+            node.this.name if isinstance(node.this, exp.Expr) else str(node.this)).lstrip("$")
+    return int(text) if text.isdigit() else None
+
+
+def compact_parameters(node: exp.Expr, params: Sequence[Any]) -> tuple[exp.Expr, list[Any]]:
+    """The query (a copy) with the client parameters it names renumbered $1..$m, and their values: PostgreSQL
+    cannot type a parameter a query does not use (42P18), and headrace's own parameters follow the client's. A
+    parameter named but not given is PostgreSQL's 42P02."""
+    node = node.copy()
+    numbers: dict[int, int] = {}
+    for found in list(node.find_all(exp.Placeholder, exp.Parameter)):
+        number = _parameter_number(found)
+        if number is None:
+            continue
+        if number > len(params):
+            raise HeadraceError(f"there is no parameter ${number}", sqlstate="42P02")
+        position = numbers.setdefault(number, len(numbers) + 1)
+        found.replace(exp.Parameter(this=exp.Literal.number(position)))
+    return node, [params[number - 1] for number in sorted(numbers, key=numbers.__getitem__)]
+
+
+def _replace_defaults(node: exp.Expr, columns: Sequence[TableColumn | None],
+                      is_default: Any) -> exp.Expr:
+    """DEFAULT items of VALUES rows: the column's default expression (NULL without one)."""
+    if not isinstance(node, exp.Values):
+        return node
+    for row in node.expressions:
+        items = row.expressions if isinstance(row, exp.Tuple) else [row]
+        for item, column in zip(list(items), [*columns, *([None] * len(items))]):
+            if is_default(item):
+                default = default_ast(column) if column is not None else None
+                item.replace(default if default is not None else exp.Null())
+    return node
+
+
+def insert_values(store: PostgresServingStore, table: Table, ast: exp.Insert, columns: list[TableColumn],
+                  params: Sequence[Any], session: Any, is_default: Any) -> list[tuple[Any, ...]]:
+    """The rows an INSERT with expressions (or a query) adds, as PostgreSQL assigns them to `columns`: a list of
+    value tuples, one value per column of `columns` (fewer when VALUES rows are shorter and no column list was
+    given: the remaining columns take their defaults)."""
+    query = ast.args.get("expression")
+    assert isinstance(query, exp.Expr)
+    query = _replace_defaults(query.copy(), columns, is_default)
+    targets = columns
+    listed = isinstance(ast.this, exp.Schema) and bool(ast.this.expressions)
+    if isinstance(query, exp.Values) and not listed and query.expressions:
+        first = query.expressions[0]
+        width = len(first.expressions) if isinstance(first, exp.Tuple) else 1
+        targets = columns[:width] if width <= len(columns) else columns
+    query, values = compact_parameters(query, params)
+    return on_postgres.run_insert_query(store, query.sql(dialect=DIALECT), values, targets,
+                                        session_settings(session))
+
+
+def current_rows(store: PostgresServingStore, table: Table, select: exp.Select,
+                 assignments: Sequence[TableColumn], overlay: Mapping[Key, Document | None],
+                 params: Sequence[Any], session: Any) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+    """UPDATE / DELETE: `select` (SELECT t.*[, SET expressions AS hr_set_<i>] FROM t WHERE ...) over the table's
+    current contents. Per row: (its stored columns, the SET values as PostgreSQL assigns them)."""
+    query, values = compact_parameters(select, params)
+    contents, extra = on_postgres.current_contents(table, overlay, on_postgres.storage_name(table), len(values) + 1)
+    with_clause = f"WITH {quote_ident(table.name)} AS ({contents})"
+    assigned = [(column, f"hr_set_{i}") for i, column in enumerate(assignments)]
+    rows = on_postgres.run_assigning_query(store, query.sql(dialect=DIALECT), [*values, *extra], assigned,
+                                           session_settings(session), with_clause)
+    count = len(table.store_columns())
+    return [(row[:count], values) for row, values in rows]
+
+
+def upsert_rows(store: PostgresServingStore, table: Table, select: exp.Select, upsert: upserts.Upsert,
+                conflicts: Sequence[tuple[Document, Document]], params: Sequence[Any],
+                session: Any) -> list[tuple[Any, tuple[Any, ...]]]:
+    """ON CONFLICT DO UPDATE: `select` (table_upserts.update_select) over the conflicts. Per conflict the WHERE
+    accepts: (its index, the SET values as PostgreSQL assigns them)."""
+    select = select.copy()
+    for projection in list(select.expressions):
+        if projection.alias_or_name == upserts.WHERE_COLUMN:  # filter first: SET is evaluated only where it holds
+            condition = projection.this if isinstance(projection, exp.Alias) else projection
+            projection.pop()
+            select = select.where(condition.copy())
+    query, values = compact_parameters(select, params)
+    names = list(table.store_columns())
+    storage = on_postgres.storage_types(table)
+    excluded = {f"{upserts.EXCLUDED_PREFIX}{name}": storage[name] for name in names}
+    rows = [[*(old.get(c) for c in names), *(new.get(c) for c in names), index]
+            for index, (old, new) in enumerate(conflicts)]
+    relation, extra = on_postgres.rows_relation(table, [*names, *excluded, upserts.ROW_INDEX], rows, len(values) + 1,
+                                                {**excluded, upserts.ROW_INDEX: "bigint"})
+    with_clause = f"WITH {quote_ident(table.name)} AS ({relation})"
+    assigned = [(column, f"hr_set_{i}") for i, (column, _) in enumerate(upsert.assignments)]
+    found = on_postgres.run_assigning_query(store, query.sql(dialect=DIALECT), [*values, *extra],
+                                            assigned, session_settings(session), with_clause)
+    return [(row[-1], values) for row, values in found]

@@ -1,0 +1,274 @@
+"""Tables on the PostgreSQL serving store (store/postgres_serving.py): their public relation, the reads writes
+need, and the write statements' own queries, evaluated BY PostgreSQL (blocking: run in the executor).
+
+The storage (headrace_internal.table_<id>) has the binding's types (text for varchar(n), integer for int2,
+double precision for float4, jsonb for json, ...: the types the serving driver writes); the public relation is a
+view casting each column back to its declared type, so `format_type` of its columns is what PostgreSQL shows for
+the same CREATE TABLE (character varying(10), smallint, real, numeric(12,2), json, character(3), ...).
+
+Rows travel to PostgreSQL (the overlay of acknowledged rows the store lacks, upsert pairs, keys) as one text[]
+parameter per column, each value in PostgreSQL's input syntax for its storage type, cast back in the query.
+
+A write's own query (INSERT ... SELECT, UPDATE's SET and WHERE, ON CONFLICT DO UPDATE's SET) runs on a pooled
+connection of the store's admin role, but under `SET LOCAL ROLE headrace_table_writes`: a role that is no
+superuser and may only read headrace's relations (headrace authorizes the statement before it runs), so user
+expressions cannot reach what only a superuser may (pg_read_file, lo_import, ...). Values assigned to columns go
+through PostgreSQL's own assignment: they are inserted into a temporary table of the declared column types
+(RETURNING them), so a varchar(3) too long is PostgreSQL's 22001, an int2 out of range 22003, a numeric rounded to
+its scale and a float4 to real exactly as PostgreSQL would store them. PostgreSQL's errors come back as
+HeadraceError with PostgreSQL's SQLSTATE, message, detail and hint."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+import psycopg
+
+from headrace.catalog.tables import Table, TableColumn
+from headrace.errors import HeadraceError
+from headrace.store.postgres_serving import PostgresServingStore, column_type
+from headrace.store.serving import CHECKPOINTS_TABLE, INTERNAL_SCHEMA, PUBLIC_SCHEMA, qualified_name, quote_ident
+
+Key = tuple[Any, ...]
+Document = dict[str, Any]
+WRITE_ROLE = "headrace_table_writes"
+ASSIGN_TABLE = "hr_assign"  # the temporary table assigned values go through (pg_temp, dropped at rollback)
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_EPOCH_NAIVE = datetime.datetime(1970, 1, 1)
+_EPOCH_DATE = datetime.date(1970, 1, 1)
+_roles_ready: set[str] = set()  # conninfos whose write role is set up in this process
+_roles_lock = threading.Lock()
+
+
+def storage_types(table: Table) -> dict[str, str]:
+    """Every storage column -> its PostgreSQL type (as the serving store created it)."""
+    return {name: column_type(binding_type) for name, binding_type in table.store_columns().items()}
+
+
+def public_relation_sql(table: Table, storage: str) -> str:
+    """The public relation: the declared columns in order, each cast back to its declared type."""
+    columns = ", ".join(f"CAST({quote_ident(c.name)} AS {c.type_sql}) AS {quote_ident(c.name)}"
+                        for c in table.columns)
+    return (f"CREATE OR REPLACE VIEW {quote_ident(table.schema)}.{quote_ident(table.name)} AS SELECT {columns} "
+            f"FROM {storage}")
+
+
+def create_public_relation(store: PostgresServingStore, table: Table, storage: str) -> None:
+    with store.pool.connection() as conn:
+        conn.execute(public_relation_sql(table, storage))
+        conn.commit()
+    ensure_write_role(store)
+
+
+def dependent_views(store: PostgresServingStore, table: Table) -> list[str]:
+    """Relations of the store (plain views users created there) that depend on the table's public relation."""
+    with store.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT format('%%s %%s', CASE c.relkind WHEN 'm' THEN 'materialized view' ELSE 'view' END, "
+            "c.oid::regclass) FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid "
+            "JOIN pg_class c ON c.oid = r.ev_class "
+            "WHERE d.classid = 'pg_rewrite'::regclass AND d.refobjid = to_regclass(%s) AND c.oid <> d.refobjid "
+            "ORDER BY 1", [f"{quote_ident(table.schema)}.{quote_ident(table.name)}"]).fetchall()
+    return [row[0] for row in rows]
+
+
+def remove_public_relation(store: PostgresServingStore, table: Table, materialization: str,
+                           cascade: bool) -> None:
+    with store.pool.connection() as conn:
+        conn.execute(f"DROP VIEW IF EXISTS {quote_ident(table.schema)}.{quote_ident(table.name)}"
+                     f"{' CASCADE' if cascade else ''}")
+        conn.execute(f"DELETE FROM {CHECKPOINTS_TABLE} WHERE materialization = %s", [materialization])
+        conn.commit()
+
+
+def ensure_write_role(store: PostgresServingStore) -> None:
+    """The role write queries run as (module docstring): no superuser, no login, reading headrace's relations
+    (those the admin role owns in public and headrace_internal, now and later). Once per store per process."""
+    with _roles_lock:
+        if store.conninfo in _roles_ready:
+            return
+        with store.pool.connection() as conn:
+            try:
+                conn.execute(f"CREATE ROLE {WRITE_ROLE} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT")
+                conn.commit()
+            except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+                conn.rollback()  # roles are cluster-wide: another database (or server) made it
+            schemas = f"{quote_ident(PUBLIC_SCHEMA)}, {quote_ident(INTERNAL_SCHEMA)}"
+            conn.execute(f"GRANT USAGE ON SCHEMA {schemas} TO {WRITE_ROLE}")
+            conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {schemas} TO {WRITE_ROLE}")
+            conn.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA {schemas} GRANT SELECT ON TABLES TO {WRITE_ROLE}")
+            conn.commit()
+        _roles_ready.add(store.conninfo)
+
+
+# ---------------------------------------------------------------------------------------------- values
+
+def input_text(pg_type: str, value: Any) -> str | None:
+    """A document value (store/table_log.py) in PostgreSQL's input syntax for its storage type `pg_type`."""
+    if value is None:
+        return None
+    if pg_type == "boolean":
+        return "t" if value else "f"
+    if pg_type == "double precision":
+        if value != value:
+            return "NaN"
+        if value in (float("inf"), float("-inf")):
+            return "Infinity" if value > 0 else "-Infinity"
+        return repr(float(value))
+    if pg_type == "timestamp with time zone":
+        return (_EPOCH + datetime.timedelta(microseconds=value)).isoformat()
+    if pg_type == "timestamp without time zone":
+        return (_EPOCH_NAIVE + datetime.timedelta(microseconds=value)).isoformat()
+    if pg_type == "date":
+        return (_EPOCH_DATE + datetime.timedelta(days=value)).isoformat()
+    if pg_type == "interval":
+        return f"{int(value)} microseconds"
+    if pg_type == "jsonb":
+        return orjson.dumps(value).decode()
+    if pg_type == "bytea":
+        return "\\x" + base64.b64decode(value).hex()
+    return str(value)  # integers, text, numeric text, uuid text
+
+
+def rows_relation(table: Table, columns: Sequence[str], rows: Sequence[Sequence[Any]], first_parameter: int,
+                  extra: Mapping[str, str] | None = None) -> tuple[str, list[list[str | None]]]:
+    """`SELECT casts FROM unnest($n::text[], ...)`: `rows` (document values of `columns`) as a relation with the
+    columns' storage types (`extra` names further columns' PostgreSQL types), and its parameters."""
+    types = {**storage_types(table), **(extra or {})}
+    aliases = ", ".join(f"c{i}" for i in range(len(columns)))
+    arrays = ", ".join(f"${first_parameter + i}::text[]" for i in range(len(columns)))
+    casts = ", ".join(f"CAST(u.c{i} AS {types[c]}) AS {quote_ident(c)}" for i, c in enumerate(columns))
+    parameters = [[input_text(types[c], row[i]) for row in rows] for i, c in enumerate(columns)]
+    return f"SELECT {casts} FROM unnest({arrays}) AS u({aliases})", parameters
+
+
+# ---------------------------------------------------------------------------------------------- reads
+
+def applied_checkpoints(store: PostgresServingStore,
+                        materializations: Sequence[str]) -> list[tuple[str, Any]]:
+    """(materialization, checkpoint) rows of the checkpoints table (the checkpoint as jsonb's text)."""
+    with store.pool.connection() as conn:
+        return conn.execute(f"SELECT materialization, checkpoint FROM {CHECKPOINTS_TABLE} "
+                            "WHERE materialization = ANY(%s)", [list(materializations)]).fetchall()
+
+
+def rows_for_keys(store: PostgresServingStore, table: Table, keys: Sequence[Key],
+                  storage: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """The stored rows with these keys: (column names, rows)."""
+    key_columns = list(table.store_key)
+    relation, parameters = rows_relation(table, key_columns, keys, 1)
+    names = ", ".join(quote_ident(c) for c in key_columns)
+    with store.pool.connection() as conn, psycopg.RawCursor(conn) as cursor:
+        cursor.execute(f"SELECT * FROM {storage} WHERE ({names}) IN (SELECT {names} FROM ({relation}) AS k)",
+                       parameters)
+        assert cursor.description is not None
+        return [d.name for d in cursor.description], cursor.fetchall()
+
+
+def current_contents(table: Table, overlay: Mapping[Key, Document | None], storage: str,
+                     first_parameter: int) -> tuple[str, list[list[str | None]]]:
+    """The table's current contents as a query: the stored rows whose keys the overlay does not touch, then the
+    overlay's live rows. Returns the SQL and its parameters (numbered from `first_parameter`)."""
+    names = list(table.store_columns())
+    column_list = ", ".join(quote_ident(c) for c in names)
+    sql = f"SELECT {column_list} FROM {storage} s"
+    if not overlay:
+        return sql, []
+    key_columns = list(table.store_key)
+    touched, parameters = rows_relation(table, key_columns, list(overlay), first_parameter)
+    join = " AND ".join(f"s.{quote_ident(c)} = k.{quote_ident(c)}" for c in key_columns)
+    sql += f" WHERE NOT EXISTS (SELECT FROM ({touched}) AS k WHERE {join})"
+    live = [row for row in overlay.values() if row is not None]
+    if live:
+        rows, more = rows_relation(table, names, [[row.get(c) for c in names] for row in live],
+                                   first_parameter + len(parameters))
+        sql += f" UNION ALL {rows}"
+        parameters += more
+    return sql, parameters
+
+
+# ---------------------------------------------------------------------------------------------- write queries
+
+@contextmanager
+def _write_transaction(store: PostgresServingStore, assigned: Sequence[TableColumn] | None,
+                       settings: Mapping[str, str]) -> Iterator[psycopg.Connection[Any]]:
+    """A pooled connection in a transaction (rolled back after) running as the write role, with the session's
+    settings and, when `assigned` is given, the temporary table of those column types (hr_n bigint first)."""
+    ensure_write_role(store)
+    with store.pool.connection() as conn:
+        try:
+            for name, value in settings.items():
+                conn.execute("SELECT set_config(%s, %s, true)", [name, value])
+            if assigned is not None:
+                definitions = ", ".join(f"c{i} {column.type_sql}" for i, column in enumerate(assigned))
+                conn.execute(f"CREATE TEMPORARY TABLE {ASSIGN_TABLE} (hr_n bigint"
+                             f"{', ' + definitions if definitions else ''}) ON COMMIT DROP")
+                conn.execute(f"GRANT SELECT, INSERT ON {ASSIGN_TABLE} TO {WRITE_ROLE}")
+            conn.execute(f"SET LOCAL ROLE {WRITE_ROLE}")
+        except psycopg.Error as error:
+            raise from_postgres(error) from None
+        yield conn
+
+
+def run_insert_query(store: PostgresServingStore, query_sql: str, params: Sequence[Any],
+                     columns: Sequence[TableColumn], settings: Mapping[str, str]) -> list[tuple[Any, ...]]:
+    """INSERT ... SELECT / VALUES with expressions: `query_sql` (PostgreSQL, the statement's own query) inserted
+    into `columns` as PostgreSQL assigns them. Returns the assigned values, in the query's order."""
+    targets = ", ".join(f"c{i}" for i in range(len(columns)))
+    returning = ", ".join(f"c{i}" for i in range(len(columns)))
+    sql = f"INSERT INTO {ASSIGN_TABLE} ({targets}) {query_sql} RETURNING {returning}"
+    with _write_transaction(store, columns, settings) as conn:
+        return _fetch(conn, sql, params)
+
+
+def run_assigning_query(store: PostgresServingStore, query_sql: str, params: Sequence[Any],
+                        assigned: Sequence[tuple[TableColumn, str]], settings: Mapping[str, str],
+                        with_clause: str = "") -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+    """Run `query_sql` (PostgreSQL; its output names the assigned expressions' columns as `assigned` says) and
+    assign those to their columns as PostgreSQL would: per result row (the query's row, the assigned values).
+    `with_clause` (WITH ...) is put before it, so the query's subqueries see it too."""
+    if not assigned:
+        with _write_transaction(store, None, settings) as conn:
+            return [(row, ()) for row in _fetch(conn, f"{with_clause} {query_sql}", params)]
+    picks = ", ".join(f"hr_q.{quote_ident(name)}" for _, name in assigned)
+    values = ", ".join(f"hr_a.c{i}" for i in range(len(assigned)))
+    sql = (f"{with_clause}{',' if with_clause else 'WITH'} "
+           f"hr_q AS MATERIALIZED (SELECT row_number() OVER () AS hr_n, hr_s.* FROM ({query_sql}) AS hr_s), "
+           f"hr_a AS (INSERT INTO {ASSIGN_TABLE} SELECT hr_q.hr_n, {picks} FROM hr_q RETURNING *) "
+           f"SELECT hr_q.*, {values} FROM hr_q JOIN hr_a ON hr_a.hr_n = hr_q.hr_n ORDER BY hr_q.hr_n")
+    with _write_transaction(store, [column for column, _ in assigned], settings) as conn:
+        rows = _fetch(conn, sql, params)
+    count = len(assigned)
+    return [(row[1:len(row) - count], row[len(row) - count:]) for row in rows]
+
+
+def _fetch(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    try:
+        with psycopg.RawCursor(conn) as cursor:
+            cursor.execute(sql, list(params) or None)
+            return cursor.fetchall() if cursor.description is not None else []
+    except psycopg.Error as error:
+        raise from_postgres(error) from None
+
+
+def from_postgres(error: psycopg.Error) -> HeadraceError:
+    """PostgreSQL's error as headrace reports it: its SQLSTATE, message, detail and hint (no position: it would
+    point into the query headrace generated, not the client's statement)."""
+    diag = error.diag
+    sqlstate = diag.sqlstate
+    if sqlstate is None:  # psycopg's own (a value Python cannot hold, e.g. a date beyond year 9999)
+        return HeadraceError(str(error).splitlines()[0] if str(error) else type(error).__name__,
+                             sqlstate="22008" if isinstance(error, psycopg.DataError) else "58000")
+    status = 503 if sqlstate.startswith(("08", "53", "57P")) else 500 if sqlstate.startswith(("58", "XX")) else 400
+    return HeadraceError(diag.message_primary or str(error), detail=diag.message_detail, hint=diag.message_hint,
+                         sqlstate=sqlstate, http_status=status)
+
+
+def storage_name(table: Table) -> str:
+    return qualified_name((INTERNAL_SCHEMA, table.materialization))

@@ -126,12 +126,19 @@ class WriteComputer:
                 count = max([*found, *numbers, len(declared)], default=0)
                 return tuple((declared[i - 1] if i <= len(declared) and declared[i - 1] else found.get(i, 25))
                              for i in range(1, count + 1))
+            if isinstance(self.store, PostgresServingStore):  # PostgreSQL types the statement's own query
+                return await self._run(on_postgres.describe_insert, self.store, table, ast,
+                                       [c for c in columns if c is not None], declared)
             return self._insert_plan(table, ast, declared).param_types
+        if isinstance(self.store, PostgresServingStore):
+            assignments = [column for column, _ in _set_list(ast, table)] if isinstance(ast, exp.Update) else []
+            return await self._run(on_postgres.describe_filter, self.store, table, _filter_select(table, ast),
+                                   assignments, declared)
         return self._filter_plan(table, ast, declared).param_types
 
     # ---- INSERT -------------------------------------------------------------------------------------
-    async def insert_documents(self, table: Table, ast: exp.Insert, params: Sequence[Any],
-                               session: Any) -> list[Document]:
+    async def insert_documents(self, table: Table, ast: exp.Insert, params: Sequence[Any], session: Any,
+                               overlay: dict[Key, Document | None] | None = None) -> list[Document]:
         names = grammar.insert_columns(ast, table)
         columns = [table.column(name) for name in names]
         rows = _values_rows(ast)
@@ -141,7 +148,7 @@ class WriteComputer:
                       for row in rows]
         elif isinstance(self.store, PostgresServingStore):
             values = await self._run(on_postgres.insert_values, self.store, table, ast,
-                                     [c for c in columns if c is not None], params, session, _is_default)
+                                     [c for c in columns if c is not None], params, session, overlay)
         else:
             plan = self._insert_plan(table, ast, ())
             values = await self._run(self._query, plan, session_parameters(plan, params, session))

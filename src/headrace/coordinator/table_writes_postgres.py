@@ -23,7 +23,6 @@ from sqlglot import exp
 
 from headrace.catalog.tables import Table, TableColumn
 from headrace.coordinator import table_upserts as upserts
-from headrace.coordinator.table_defaults import default_ast
 from headrace.errors import HeadraceError
 from headrace.store import table_reads_postgres as on_postgres
 from headrace.store.postgres_serving import PostgresServingStore
@@ -65,37 +64,51 @@ def compact_parameters(node: exp.Expr, params: Sequence[Any]) -> tuple[exp.Expr,
     return node, [params[number - 1] for number in sorted(numbers, key=numbers.__getitem__)]
 
 
-def _replace_defaults(node: exp.Expr, columns: Sequence[TableColumn | None],
-                      is_default: Any) -> exp.Expr:
-    """DEFAULT items of VALUES rows: the column's default expression (NULL without one)."""
-    if not isinstance(node, exp.Values):
-        return node
-    for row in node.expressions:
-        items = row.expressions if isinstance(row, exp.Tuple) else [row]
-        for item, column in zip(list(items), [*columns, *([None] * len(items))]):
-            if is_default(item):
-                default = default_ast(column) if column is not None else None
-                item.replace(default if default is not None else exp.Null())
-    return node
+def _reads_table(query: exp.Expr, table: Table) -> bool:
+    return any(node.name == table.name and node.db in ("", table.schema) for node in query.find_all(exp.Table))
+
+
+def _insert_query(ast: exp.Insert) -> exp.Expr:
+    """The INSERT's VALUES or query (DEFAULT items stay: the temporary table has the columns' DEFAULTs)."""
+    query = ast.args.get("expression")
+    assert isinstance(query, exp.Expr)
+    return query
+
+
+def _own_contents(table: Table, query: exp.Expr, overlay: Mapping[Key, Document | None] | None,
+                  first_parameter: int) -> tuple[str, list[list[str | None]]]:
+    """WITH <table> AS (its current contents, declared columns), when the query reads the table it writes."""
+    if not _reads_table(query, table):
+        return "", []
+    contents, extra = on_postgres.current_contents(table, overlay or {}, on_postgres.storage_name(table),
+                                                   first_parameter)
+    return f"WITH {quote_ident(table.name)} AS ({on_postgres.declared_columns(table, contents, False)})", extra
 
 
 def insert_values(store: PostgresServingStore, table: Table, ast: exp.Insert, columns: list[TableColumn],
-                  params: Sequence[Any], session: Any, is_default: Any) -> list[tuple[Any, ...]]:
-    """The rows an INSERT with expressions (or a query) adds, as PostgreSQL assigns them to `columns`: a list of
-    value tuples, one value per column of `columns` (fewer when VALUES rows are shorter and no column list was
-    given: the remaining columns take their defaults)."""
-    query = ast.args.get("expression")
-    assert isinstance(query, exp.Expr)
-    query = _replace_defaults(query.copy(), columns, is_default)
-    targets = columns
-    listed = isinstance(ast.this, exp.Schema) and bool(ast.this.expressions)
-    if isinstance(query, exp.Values) and not listed and query.expressions:
-        first = query.expressions[0]
-        width = len(first.expressions) if isinstance(first, exp.Tuple) else 1
-        targets = columns[:width] if width <= len(columns) else columns
-    query, values = compact_parameters(query, params)
-    return on_postgres.run_insert_query(store, query.sql(dialect=DIALECT), values, targets,
-                                        session_settings(session))
+                  params: Sequence[Any], session: Any,
+                  overlay: Mapping[Key, Document | None] | None = None) -> list[tuple[Any, ...]]:
+    """The rows an INSERT with expressions (or a query) adds, as PostgreSQL assigns them to `columns` (the target
+    columns: those listed, or all, the ones a row leaves out taking their DEFAULT): a value per column per row. A
+    query reading the table itself reads its current contents (store, overlay, this transaction)."""
+    query, values = compact_parameters(_insert_query(ast), params)
+    with_clause, extra = _own_contents(table, query, overlay, len(values) + 1)
+    return on_postgres.run_insert_query(store, query.sql(dialect=DIALECT), [*values, *extra], columns,
+                                        session_settings(session), with_clause)
+
+
+def describe_insert(store: PostgresServingStore, table: Table, ast: exp.Insert, columns: list[TableColumn],
+                    declared: Sequence[int]) -> tuple[int, ...]:
+    query = _insert_query(ast)
+    with_clause, _ = _own_contents(table, query, None, 1)
+    sql = on_postgres.insert_sql(query.sql(dialect=DIALECT), columns, with_clause)
+    return on_postgres.describe_parameters(store, sql, declared, columns, inserting=True)
+
+
+def _contents_clause(table: Table, overlay: Mapping[Key, Document | None], first_parameter: int
+                     ) -> tuple[str, list[list[str | None]]]:
+    contents, extra = on_postgres.current_contents(table, overlay, on_postgres.storage_name(table), first_parameter)
+    return f"WITH {quote_ident(table.name)} AS ({on_postgres.declared_columns(table, contents, True)})", extra
 
 
 def current_rows(store: PostgresServingStore, table: Table, select: exp.Select,
@@ -104,13 +117,20 @@ def current_rows(store: PostgresServingStore, table: Table, select: exp.Select,
     """UPDATE / DELETE: `select` (SELECT t.*[, SET expressions AS hr_set_<i>] FROM t WHERE ...) over the table's
     current contents. Per row: (its stored columns, the SET values as PostgreSQL assigns them)."""
     query, values = compact_parameters(select, params)
-    contents, extra = on_postgres.current_contents(table, overlay, on_postgres.storage_name(table), len(values) + 1)
-    with_clause = f"WITH {quote_ident(table.name)} AS ({contents})"
+    with_clause, extra = _contents_clause(table, overlay, len(values) + 1)
     assigned = [(column, f"hr_set_{i}") for i, column in enumerate(assignments)]
     rows = on_postgres.run_assigning_query(store, query.sql(dialect=DIALECT), [*values, *extra], assigned,
                                            session_settings(session), with_clause)
     count = len(table.store_columns())
-    return [(row[:count], values) for row, values in rows]
+    return [(row[:count], found) for row, found in rows]
+
+
+def describe_filter(store: PostgresServingStore, table: Table, select: exp.Select,
+                    assignments: Sequence[TableColumn], declared: Sequence[int]) -> tuple[int, ...]:
+    with_clause, _ = _contents_clause(table, {}, 1)
+    assigned = [(column, f"hr_set_{i}") for i, column in enumerate(assignments)]
+    sql = on_postgres.assigning_sql(select.sql(dialect=DIALECT), assigned, with_clause)
+    return on_postgres.describe_parameters(store, sql, declared, list(assignments) if assignments else None)
 
 
 def upsert_rows(store: PostgresServingStore, table: Table, select: exp.Select, upsert: upserts.Upsert,
@@ -130,10 +150,18 @@ def upsert_rows(store: PostgresServingStore, table: Table, select: exp.Select, u
     excluded = {f"{upserts.EXCLUDED_PREFIX}{name}": storage[name] for name in names}
     rows = [[*(old.get(c) for c in names), *(new.get(c) for c in names), index]
             for index, (old, new) in enumerate(conflicts)]
-    relation, extra = on_postgres.rows_relation(table, [*names, *excluded, upserts.ROW_INDEX], rows, len(values) + 1,
-                                                {**excluded, upserts.ROW_INDEX: "bigint"})
-    with_clause = f"WITH {quote_ident(table.name)} AS ({relation})"
+    relation, extra = on_postgres.rows_relation(table, [*names, *excluded, upserts.ROW_INDEX], rows,
+                                                len(values) + 1, {**excluded, upserts.ROW_INDEX: "bigint"})
+    typed = []  # the existing and the proposed (EXCLUDED) row, each column of its declared type
+    for name in names:
+        column = table.column(name)
+        for prefix in ("", upserts.EXCLUDED_PREFIX):
+            quoted = quote_ident(f"{prefix}{name}")
+            typed.append(f"r.{quoted}" if column is None or column.pg_type == "bpchar"
+                         else f"CAST(r.{quoted} AS {column.type_sql}) AS {quoted}")
+    typed.append(f"r.{quote_ident(upserts.ROW_INDEX)}")
+    with_clause = f"WITH {quote_ident(table.name)} AS (SELECT {', '.join(typed)} FROM ({relation}) AS r)"
     assigned = [(column, f"hr_set_{i}") for i, (column, _) in enumerate(upsert.assignments)]
     found = on_postgres.run_assigning_query(store, query.sql(dialect=DIALECT), [*values, *extra],
                                             assigned, session_settings(session), with_clause)
-    return [(row[-1], values) for row, values in found]
+    return [(row[-1], assigned_values) for row, assigned_values in found]

@@ -172,7 +172,7 @@ class Tables:
     async def _compute(self, table: Table, ast: exp.Expr, params: Sequence[Any], session: Session,
                        pending: changes.PendingTable, overlay: dict[Any, Any]) -> tuple[int, list[dict[str, Any]]]:
         if isinstance(ast, exp.Insert):
-            documents = await self.writes.insert_documents(table, ast, params, session)
+            documents = await self.writes.insert_documents(table, ast, params, session, overlay)
             self._assign_row_ids(table, documents)
             upsert = upserts.conflict_clause(ast, table)
             if upsert is not None:

@@ -32,6 +32,7 @@ import psycopg
 
 from headrace.catalog.tables import Table, TableColumn
 from headrace.errors import HeadraceError
+from headrace.store.backend import BackendError
 from headrace.store.postgres_serving import PostgresServingStore, column_type
 from headrace.store.serving import CHECKPOINTS_TABLE, INTERNAL_SCHEMA, PUBLIC_SCHEMA, qualified_name, quote_ident
 
@@ -193,22 +194,41 @@ def current_contents(table: Table, overlay: Mapping[Key, Document | None], stora
     return sql, parameters
 
 
+def declared_columns(table: Table, relation_sql: str, hidden: bool) -> str:
+    """SELECT over `relation_sql` (storage-typed columns) giving the declared columns their declared types, as the
+    public relation does, so a write's expressions compute on PostgreSQL's types (real * int is real arithmetic,
+    json has no equality, ...); with `hidden`, every storage column in order (the key and version too), char(n)
+    left unpadded: it may be a key, and a document's value must not change by being read."""
+    items = []
+    for name in (table.store_columns() if hidden else table.column_names()):
+        column = table.column(name)
+        quoted = quote_ident(name)
+        if column is None or (hidden and column.pg_type == "bpchar"):
+            items.append(f"c.{quoted}")
+        else:
+            items.append(f"CAST(c.{quoted} AS {column.type_sql}) AS {quoted}")
+    return f"SELECT {', '.join(items)} FROM ({relation_sql}) AS c"
+
+
 # ---------------------------------------------------------------------------------------------- write queries
 
 @contextmanager
 def _write_transaction(store: PostgresServingStore, assigned: Sequence[TableColumn] | None,
-                       settings: Mapping[str, str]) -> Iterator[psycopg.Connection[Any]]:
+                       settings: Mapping[str, str], inserting: bool = False) -> Iterator[psycopg.Connection[Any]]:
     """A pooled connection in a transaction (rolled back after) running as the write role, with the session's
-    settings and, when `assigned` is given, the temporary table of those column types (hr_n bigint first)."""
+    settings and, when `assigned` is given, the temporary table of those column types: `inserting`, with their
+    DEFAULTs (an INSERT's VALUES or query goes into it as into the table); else with a row number hr_n first."""
     ensure_write_role(store)
     with store.pool.connection() as conn:
         try:
             for name, value in settings.items():
                 conn.execute("SELECT set_config(%s, %s, true)", [name, value])
             if assigned is not None:
-                definitions = ", ".join(f"c{i} {column.type_sql}" for i, column in enumerate(assigned))
-                conn.execute(f"CREATE TEMPORARY TABLE {ASSIGN_TABLE} (hr_n bigint"
-                             f"{', ' + definitions if definitions else ''}) ON COMMIT DROP")
+                definitions = [f"c{i} {column.type_sql}{_default_clause(column) if inserting else ''}"
+                               for i, column in enumerate(assigned)]
+                if not inserting:
+                    definitions.insert(0, "hr_n bigint")
+                conn.execute(f"CREATE TEMPORARY TABLE {ASSIGN_TABLE} ({', '.join(definitions)}) ON COMMIT DROP")
                 conn.execute(f"GRANT SELECT, INSERT ON {ASSIGN_TABLE} TO {WRITE_ROLE}")
             conn.execute(f"SET LOCAL ROLE {WRITE_ROLE}")
         except psycopg.Error as error:
@@ -216,34 +236,67 @@ def _write_transaction(store: PostgresServingStore, assigned: Sequence[TableColu
         yield conn
 
 
+def _default_clause(column: TableColumn) -> str:
+    if column.default is None:
+        return ""
+    from headrace.coordinator.table_defaults import default_ast  # the catalog's DEFAULT, checked at CREATE TABLE
+
+    node = default_ast(column)
+    return "" if node is None else f" DEFAULT {node.sql(dialect='postgres')}"
+
+
+def insert_sql(query_sql: str, columns: Sequence[TableColumn], with_clause: str = "") -> str:
+    """INSERT INTO the temporary table of `columns` (no column list: as the statement into its table, fewer
+    values than columns leaving the rest to their DEFAULT, more being PostgreSQL's 42601)."""
+    targets = ", ".join(f"c{i}" for i in range(len(columns)))
+    return f"{with_clause} INSERT INTO {ASSIGN_TABLE} {query_sql} RETURNING {targets}"
+
+
 def run_insert_query(store: PostgresServingStore, query_sql: str, params: Sequence[Any],
-                     columns: Sequence[TableColumn], settings: Mapping[str, str]) -> list[tuple[Any, ...]]:
+                     columns: Sequence[TableColumn], settings: Mapping[str, str],
+                     with_clause: str = "") -> list[tuple[Any, ...]]:
     """INSERT ... SELECT / VALUES with expressions: `query_sql` (PostgreSQL, the statement's own query) inserted
     into `columns` as PostgreSQL assigns them. Returns the assigned values, in the query's order."""
-    targets = ", ".join(f"c{i}" for i in range(len(columns)))
-    returning = ", ".join(f"c{i}" for i in range(len(columns)))
-    sql = f"INSERT INTO {ASSIGN_TABLE} ({targets}) {query_sql} RETURNING {returning}"
-    with _write_transaction(store, columns, settings) as conn:
-        return _fetch(conn, sql, params)
+    with _write_transaction(store, columns, settings, inserting=True) as conn:
+        return _fetch(conn, insert_sql(query_sql, columns, with_clause), params)
+
+
+def describe_parameters(store: PostgresServingStore, sql: str, declared: Sequence[int],
+                        assigned: Sequence[TableColumn] | None, inserting: bool = False) -> tuple[int, ...]:
+    """PostgreSQL's types of the parameters of `sql` (a write's query, as run_insert_query / run_assigning_query
+    run it), given the client's `declared` ones (0: to infer): what Parse would say of the statement itself."""
+    with _write_transaction(store, assigned, {}, inserting) as conn:
+        result = conn.pgconn.prepare(b"", sql.encode(), list(declared) or None)
+        if result.status != psycopg.pq.ExecStatus.COMMAND_OK:
+            error = BackendError(result, "the statement could not be described")
+            error.position = None  # it would point into the query headrace generated
+            raise error
+        described = conn.pgconn.describe_prepared(b"")
+        return tuple(described.param_type(i) for i in range(described.nparams))
+
+
+def assigning_sql(query_sql: str, assigned: Sequence[tuple[TableColumn, str]], with_clause: str = "") -> str:
+    """`query_sql` with the columns `assigned` names assigned to their table columns through the temporary table:
+    its rows numbered (hr_n), its columns, then the assigned values. `with_clause` (WITH ...) comes first, so the
+    query's subqueries see it too."""
+    if not assigned:
+        return f"{with_clause} SELECT 0::bigint AS hr_n, hr_s.* FROM ({query_sql}) AS hr_s"
+    picks = ", ".join(f"hr_q.{quote_ident(name)}" for _, name in assigned)
+    values = ", ".join(f"hr_a.c{i}" for i in range(len(assigned)))
+    return (f"{with_clause}{',' if with_clause else 'WITH'} "
+            f"hr_q AS MATERIALIZED (SELECT row_number() OVER () AS hr_n, hr_s.* FROM ({query_sql}) AS hr_s), "
+            f"hr_a AS (INSERT INTO {ASSIGN_TABLE} SELECT hr_q.hr_n, {picks} FROM hr_q RETURNING *) "
+            f"SELECT hr_q.*, {values} FROM hr_q JOIN hr_a ON hr_a.hr_n = hr_q.hr_n ORDER BY hr_q.hr_n")
 
 
 def run_assigning_query(store: PostgresServingStore, query_sql: str, params: Sequence[Any],
                         assigned: Sequence[tuple[TableColumn, str]], settings: Mapping[str, str],
                         with_clause: str = "") -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
-    """Run `query_sql` (PostgreSQL; its output names the assigned expressions' columns as `assigned` says) and
-    assign those to their columns as PostgreSQL would: per result row (the query's row, the assigned values).
-    `with_clause` (WITH ...) is put before it, so the query's subqueries see it too."""
-    if not assigned:
-        with _write_transaction(store, None, settings) as conn:
-            return [(row, ()) for row in _fetch(conn, f"{with_clause} {query_sql}", params)]
-    picks = ", ".join(f"hr_q.{quote_ident(name)}" for _, name in assigned)
-    values = ", ".join(f"hr_a.c{i}" for i in range(len(assigned)))
-    sql = (f"{with_clause}{',' if with_clause else 'WITH'} "
-           f"hr_q AS MATERIALIZED (SELECT row_number() OVER () AS hr_n, hr_s.* FROM ({query_sql}) AS hr_s), "
-           f"hr_a AS (INSERT INTO {ASSIGN_TABLE} SELECT hr_q.hr_n, {picks} FROM hr_q RETURNING *) "
-           f"SELECT hr_q.*, {values} FROM hr_q JOIN hr_a ON hr_a.hr_n = hr_q.hr_n ORDER BY hr_q.hr_n")
-    with _write_transaction(store, [column for column, _ in assigned], settings) as conn:
-        rows = _fetch(conn, sql, params)
+    """Run assigning_sql(...): per result row (the query's row, the values assigned to the `assigned` columns as
+    PostgreSQL assigns them)."""
+    columns = [column for column, _ in assigned]
+    with _write_transaction(store, columns if columns else None, settings) as conn:
+        rows = _fetch(conn, assigning_sql(query_sql, assigned, with_clause), params)
     count = len(assigned)
     return [(row[1:len(row) - count], row[len(row) - count:]) for row in rows]
 

@@ -25,10 +25,13 @@ from headrace.coordinator.tables import Tables
 from headrace.errors import HeadraceError
 from headrace.sql.ddl import item_from_create_sql
 from headrace.sql.parser import parse_statement
+from headrace.materialize.drivers.postgres_serving import PostgresServingConnector, PostgresServingTransactor
+from headrace.materialize.hosting import ThreadedDriverServer
+from headrace.materialize.protocol import MaterializationSpec
 from headrace.store import table_reads_postgres as on_postgres
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import CHECKPOINTS_TABLE
-from headrace.store.table_reads import applied_checkpoints, rows_for_keys
+from headrace.store.table_reads import applied_checkpoints, rows_for_keys, table_binding
 
 from ..real_servers.postgres import shared_cluster
 
@@ -42,6 +45,11 @@ TYPES_TABLE = ("CREATE TABLE kinds (id int8 PRIMARY KEY, s int2, i int4, r float
 def store() -> Iterator[PostgresServingStore]:
     serving = PostgresServingStore(shared_cluster().create_database(f"tables_{next(_databases)}"))
     yield serving
+    for key in [key for key in _runtimes if key[0] == id(serving)]:
+        _runtimes.pop(key).close()
+    server = _driver_servers.pop(id(serving), None)
+    if server is not None:
+        server.stop()
     serving.close()
 
 
@@ -76,26 +84,30 @@ def query(store: PostgresServingStore, sql: str, params: list[Any] | None = None
 
 
 def apply(store: PostgresServingStore, tables: Tables, table: Table) -> None:
-    """What the pipeline does for the table: the acknowledged rows the store lacks (the overlay) into its storage,
-    and its checkpoint's log_end to the log's end."""
+    """What the pipeline does for the table (pipeline/table_batches.py): one transaction of the serving driver
+    (materialize/drivers/postgres_serving.py) storing each acknowledged row the store lacks (a deletion for a
+    deleted key), its checkpoint's log_end the log's end."""
     table_log = tables._logs[table.id]
     overlay = table_log.overlay(tables._applied.get(table.id, 0))
-    names, keys = list(table.store_columns()), list(table.store_key)
-    live = [[row.get(c) for c in names] for row in overlay.values() if row is not None]
-    touched, touched_parameters = on_postgres.rows_relation(table, keys, list(overlay), 1)
-    relation, parameters = on_postgres.rows_relation(table, names, live, 1)
-    storage = on_postgres.storage_name(table)
-    key_list = ", ".join(f'"{k}"' for k in keys)
-    checkpoint = orjson.dumps({"log_end": table_log.acked_end}).decode()
-    with store.pool.connection() as conn:
-        with psycopg.RawCursor(conn) as cursor:
-            cursor.execute(f"DELETE FROM {storage} WHERE ({key_list}) IN (SELECT {key_list} FROM ({touched}) AS k)",
-                           touched_parameters)
-            cursor.execute(f"INSERT INTO {storage} SELECT * FROM ({relation}) AS r", parameters)
-        conn.execute(f"DELETE FROM {CHECKPOINTS_TABLE} WHERE materialization = %s", [table.materialization])
-        conn.execute(f"INSERT INTO {CHECKPOINTS_TABLE} VALUES (%s, 0, 4294967295, 1, %s::jsonb, 1)",
-                     [table.materialization, checkpoint])
-        conn.commit()
+    documents: list[tuple[int, list[Any], dict[str, Any]]] = []
+    for key, row in overlay.items():
+        documents.append((0, list(key), row if row is not None
+                          else {**dict(zip(table.store_key, key)), "_meta": {"op": "d"}}))
+    server = _driver_servers.get(id(store))
+    if server is None:
+        server = _driver_servers[id(store)] = ThreadedDriverServer(lambda _open: PostgresServingTransactor(store),
+                                                                   PostgresServingConnector(store))
+    runtime = _runtimes.get((id(store), table.materialization))
+    if runtime is None:
+        spec = MaterializationSpec(name=table.materialization, bindings=(table_binding(table),))
+        runtime = _runtimes[(id(store), table.materialization)] = server.runtime(spec)
+        runtime.open()
+    runtime.transact(documents, {"epoch": 1, "batch_id": next(_batches), "log_end": table_log.acked_end})
+
+
+_driver_servers: dict[int, ThreadedDriverServer] = {}
+_runtimes: dict[tuple[int, str], Any] = {}
+_batches = itertools.count(1)
 
 
 def table_of(tables: Tables, name: str) -> Table:

@@ -366,3 +366,19 @@ async def _without_a_key(tables: Tables, store: PostgresServingStore) -> None:
     apply(store, tables, table)
     assert query(store, "SELECT kind, n FROM events ORDER BY kind, n") == [
         ("a", 33), ("a", 33), ("aa", -1), ("aa", -1)]
+
+
+def test_create_table_over_a_relation_only_the_store_has(store: PostgresServingStore, tmp_path: Path) -> None:
+    drive(store, tmp_path, lambda tables: _create_over_store_relation(tables, store))
+
+
+async def _create_over_store_relation(tables: Tables, store: PostgresServingStore) -> None:
+    with store.pool.connection() as conn:
+        conn.execute("CREATE TABLE public.taken (x int)")
+        conn.commit()
+    with pytest.raises(HeadraceError) as caught:
+        await run(tables, "CREATE TABLE taken (id int4 PRIMARY KEY)")
+    assert (caught.value.sqlstate, caught.value.message) == ("42P07", 'relation "taken" already exists')
+    result = await run(tables, "CREATE TABLE IF NOT EXISTS taken (id int4 PRIMARY KEY)")
+    assert result == CommandComplete("CREATE TABLE", ('relation "taken" already exists, skipping',))
+    assert tables.catalog.find_table("public", "taken") is None

@@ -461,6 +461,12 @@ class Tables:
                 if ast.args.get("exists"):
                     return CommandComplete("CREATE TABLE", (f'{kind} "{name}" already exists, skipping',))
                 raise DuplicateObject(f'relation "{name}" already exists', detail=f'"{name}" is a {holder}')
+            if isinstance(self.store, PostgresServingStore) and \
+                    await self._run(on_postgres.relation_exists, self.store, schema, name):
+                # a relation only the store has (a plain table or view a session created there)
+                if ast.args.get("exists"):
+                    return CommandComplete("CREATE TABLE", (f'relation "{name}" already exists, skipping',))
+                raise DuplicateObject(f'relation "{name}" already exists')
             grammar.table_from_create("pending", ast, sql)  # a bad definition fails before an id is taken
             table = grammar.table_from_create(self.catalog.allocate_id(), ast, sql)
             self.catalog.add_table(table)  # durable first: start-up repairs missing resources

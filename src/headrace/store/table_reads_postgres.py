@@ -67,6 +67,13 @@ def create_public_relation(store: PostgresServingStore, table: Table, storage: s
     ensure_write_role(store)
 
 
+def relation_exists(store: PostgresServingStore, schema: str, name: str) -> bool:
+    with store.pool.connection() as conn:
+        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                           [f"{quote_ident(schema)}.{quote_ident(name)}"]).fetchone()
+    return bool(row and row[0])
+
+
 def dependent_views(store: PostgresServingStore, table: Table) -> list[str]:
     """Relations of the store (plain views users created there) that depend on the table's public relation."""
     with store.pool.connection() as conn:

@@ -44,9 +44,11 @@ from headrace.coordinator.passthrough import (
     Passthrough,
     is_temporary_table,
     mentions_headrace,
+    reads_headrace_only,
     store_setting,
     takes_unparsed,
 )
+from headrace.coordinator.store_grants import StoreGrants
 from headrace.coordinator.subscribe import Subscriptions
 from headrace.coordinator.fast_path import FastPath, FastStatement
 from headrace.coordinator import indexes as index_ddl
@@ -139,6 +141,12 @@ class Coordinator:
         # PostgreSQL's statements (not headrace's own) run on the store PostgreSQL (coordinator/passthrough.py)
         self.postgres = postgres
         self.passthrough = Passthrough(postgres, self.privileges.is_superuser) if postgres is not None else None
+        # Sources', tables' and views' rows in the store PostgreSQL: queries over them run there (docs/store.md)
+        self.serving_on_postgres = resources.store.dialect == "postgres"
+        # ... where PostgreSQL enforces headrace's SELECT privileges on them too (coordinator/store_grants.py)
+        self.store_grants = (StoreGrants(catalog, self.roles, resources.store,  # type: ignore[arg-type]
+                                         lambda role, superuser: postgres.ensure_role(role, superuser=superuser))
+                             if self.serving_on_postgres and postgres is not None else None)
 
     # ---- prepare ------------------------------------------------------------------------------
     async def prepare(self, session: Session, name: str, sql: str, param_types: Sequence[int],
@@ -164,6 +172,12 @@ class Coordinator:
                 # syntax headrace does not know: PostgreSQL's to run or to refuse with its own error
                 self.passthrough.routes.remember(fingerprint, sql)
                 return await self.passthrough.prepare(session, sql, param_types, None, describe=describe)
+        if self.passthrough is not None and self.serving_on_postgres and self._store_answers(ast):
+            # headrace's relations are the store's too (the PostgreSQL serving store): PostgreSQL runs the
+            # statement, after headrace's checks at execute (not remembered by shape: those must run each time)
+            statement = await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
+            statement.store_reads = self._headrace_relations_read(ast)
+            return statement
         if self.passthrough is not None and self._is_postgres_statement(ast):
             self.passthrough.routes.remember(fingerprint, sql)
             return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
@@ -250,6 +264,23 @@ class Coordinator:
             return False  # a headrace table: its writes feed the pipeline
         return not mentions_headrace(ast, self._relation_named)
 
+    def _store_answers(self, ast: exp.Expr) -> bool:
+        """With the PostgreSQL serving store: whether PostgreSQL runs `ast` although it names headrace's relations
+        or catalog: a query, or a write to a relation of the store's own, that reads none of headrace's system
+        relations (pg_catalog and information_schema are PostgreSQL's own there, over the real relations)."""
+        if is_query(ast):
+            return not reads_headrace_only(ast)
+        if is_write(ast) and not table_ddl.handles(ast):
+            return not reads_headrace_only(ast)
+        return False
+
+    def _headrace_relations_read(self, ast: exp.Expr) -> tuple[tuple[str | None, str], ...]:
+        ctes = {cte.alias_or_name.lower() for cte in ast.find_all(exp.CTE)}
+        return tuple(dict.fromkeys(
+            (table.db or None, table.name) for table in referenced_tables(ast)
+            if not (not table.db and table.name.lower() in ctes)
+            and self._relation_exists(table.db or "public", table.name)))
+
     def _table_only_the_store_keeps(self, ast: exp.Expr, sql: str) -> str | None:
         """A CREATE TABLE headrace's tables cannot keep (SERIAL, UNIQUE, CHECK, a DEFAULT it cannot evaluate, ...)
         is created by the store PostgreSQL alone, as a plain PostgreSQL table with all of PostgreSQL's semantics:
@@ -299,6 +330,13 @@ class Coordinator:
                                 sqlstate=AbortedTransaction)
         if statement.backend:  # PostgreSQL's statement (coordinator/passthrough.py)
             assert self.passthrough is not None
+            if statement.store_reads:  # headrace's relations, kept in the store PostgreSQL
+                self.privileges.require_relations(session.user, statement.store_reads)
+                await self._sync_store_grants()
+                if session.in_block:
+                    self.tables.refuse_read_of_own_writes(session, statement.sql)
+                await self.tables.wait_visible(statement.sql, cancel=cancel,
+                                               statement_timeout_s=statement_timeout_s(session.variables))
             response = await self.passthrough.execute(session, portal, cancel)
             if isinstance(response, SendingRows):
                 return _next_rows(portal, max_rows, tag_verb=response.tag_verb, tag=response.tag)
@@ -343,6 +381,7 @@ class Coordinator:
                 response = await self._execute_command(session, ast, statement.sql)
         finally:
             CREATING_ROLE.reset(creating)
+        await self._sync_store_grants()  # a relation created or dropped, a GRANT, a role changed
         if isinstance(response, SendingRows):
             portal.columns, portal.pending_rows = response.columns, list(response.rows)
             return _next_rows(portal, max_rows, tag_verb=response.tag_verb)
@@ -402,6 +441,10 @@ class Coordinator:
         folded = name.lower()
         items = [*self.catalog.sources(), *self.catalog.tables(), *self.catalog.views()]
         return any(item.schema.lower() == schema.lower() and item.name.lower() == folded for item in items)
+
+    async def _sync_store_grants(self) -> None:
+        if self.store_grants is not None and not self.store_grants.up_to_date():
+            await self._run(self.store_grants.sync)
 
     async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)

@@ -44,6 +44,7 @@ from headrace.coordinator.passthrough import (
     Passthrough,
     is_temporary_table,
     mentions_headrace,
+    reads_catalog,
     reads_headrace_only,
     store_setting,
     takes_unparsed,
@@ -117,11 +118,11 @@ class Coordinator:
             else view_lookup(schema, name))
         self.session_sql = SessionStatements(self, self.tables)
         # pg_catalog / information_schema generated from the catalog and roles (catalog/system)
-        self.system_catalog = SystemCatalog(resources.store, lambda: [*catalog.sources(), *catalog.tables(), *catalog.views()],
+        self.system_catalog = SystemCatalog(resources.query_store, lambda: [*catalog.sources(), *catalog.tables(), *catalog.views()],
                                             roles=self.roles.list_roles)
         # SELECT fast path: plans by text (valid while the catalog is unchanged), pooled cursors
         self.plan_cache = PlanCache(lambda: catalog.generation)  # every catalog change invalidates cached plans
-        self.cursors = CursorPool(resources.store)
+        self.cursors = CursorPool(resources.query_store)
         # SUBSCRIBE over the serving store's changelogs (coordinator/subscribe.py)
         self.subscriptions = Subscriptions(resources.store, executor, catalog, self.views.plan)
         # CREATE / DROP / SHOW INDEX[ES]: in-memory arrangements answering point lookups (coordinator/fast_path.py)
@@ -172,15 +173,15 @@ class Coordinator:
                 # syntax headrace does not know: PostgreSQL's to run or to refuse with its own error
                 self.passthrough.routes.remember(fingerprint, sql)
                 return await self.passthrough.prepare(session, sql, param_types, None, describe=describe)
-        if self.passthrough is not None and self.serving_on_postgres and self._store_answers(ast):
-            # headrace's relations are the store's too (the PostgreSQL serving store): PostgreSQL runs the
-            # statement, after headrace's checks at execute (not remembered by shape: those must run each time)
-            statement = await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
-            statement.store_reads = self._headrace_relations_read(ast)
-            return statement
         if self.passthrough is not None and self._is_postgres_statement(ast):
-            self.passthrough.routes.remember(fingerprint, sql)
-            return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
+            # Over headrace's relations (kept in the store PostgreSQL): headrace checks them at execute, so the
+            # statement's shape is not remembered (that would skip the checks next time).
+            reads = self._headrace_relations_read(ast) if self.serving_on_postgres else ()
+            if not reads:
+                self.passthrough.routes.remember(fingerprint, sql)
+            statement = await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
+            statement.store_reads = reads
+            return statement
         if self.passthrough is not None and store_setting(session, ast):
             return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
         if self.passthrough is not None and (refusal := self._table_only_the_store_keeps(ast, sql)) is not None:
@@ -198,7 +199,7 @@ class Coordinator:
             plan = (await off_loop(plan_select, ast, self._relation_exists, param_types) if parsed_off_loop
                     else plan_select(ast, self._relation_exists, param_types))
             if plan.param_probe is not None:  # `k = $1`: $1 takes k's type, as in PostgreSQL
-                inferred = await self._run(probe_parameter_types, self.resources.store, plan, param_types)
+                inferred = await self._run(probe_parameter_types, self.resources.query_store, plan, param_types)
                 if inferred is not None:
                     plan = plan_select(ast, self._relation_exists, inferred)
             if plan.reads_system_catalog:
@@ -206,9 +207,9 @@ class Coordinator:
             unbound = plan
             if self.system_tables is not None:
                 plan = self.system_tables.bind(plan)
-                columns = await self._run(self.system_tables.describe, self.resources.store, plan)
+                columns = await self._run(self.system_tables.describe, self.resources.query_store, plan)
             else:
-                columns = await self._run(describe_query, self.resources.store, plan)
+                columns = await self._run(describe_query, self.resources.query_store, plan)
             statement = PreparedStatement(sql, ast, StatementDescription(plan.param_types, columns), plan)
             # A large statement (parsed off the loop) is neither a point lookup nor worth a cache entry's memory, and
             # learning its shape would walk its whole tree on the event loop.
@@ -262,17 +263,29 @@ class Coordinator:
             return isinstance(ast, exp.Create) and not mentions_headrace(ast, self._relation_named)
         if is_create_table(ast) and not is_temporary_table(ast) and ast.expression is None:
             return False  # a headrace table: its writes feed the pipeline
+        if self.serving_on_postgres:
+            return self._store_answers(ast)
         return not mentions_headrace(ast, self._relation_named)
 
     def _store_answers(self, ast: exp.Expr) -> bool:
-        """With the PostgreSQL serving store: whether PostgreSQL runs `ast` although it names headrace's relations
-        or catalog: a query, or a write to a relation of the store's own, that reads none of headrace's system
-        relations (pg_catalog and information_schema are PostgreSQL's own there, over the real relations)."""
-        if is_query(ast):
-            return not reads_headrace_only(ast)
-        if is_write(ast) and not table_ddl.handles(ast):
-            return not reads_headrace_only(ast)
-        return False
+        """With the PostgreSQL serving store (headrace's relations are real relations there), whether PostgreSQL
+        runs `ast` (not one of headrace's own statements): anything but a write to headrace's relations (headrace's:
+        a table's writes feed the pipeline) and a statement over headrace's system relations (headrace_internal,
+        mz_*); pg_catalog and information_schema are PostgreSQL's own, describing the real relations. A statement
+        that needs headrace only for a function of its session or catalog (`SELECT pg_backend_pid()`) stays
+        headrace's, as without the PostgreSQL serving store."""
+        if is_write(ast):
+            try:
+                target = write_target(ast)
+            except HeadraceError:
+                target = None  # not a plain table name: PostgreSQL's to judge
+            if target is not None and self._relation_named(target.schema or "public", target.name):
+                return False
+        if reads_headrace_only(ast):
+            return False
+        if reads_catalog(ast) or self._headrace_relations_read(ast):
+            return True
+        return not mentions_headrace(ast, self._relation_named)
 
     def _headrace_relations_read(self, ast: exp.Expr) -> tuple[tuple[str | None, str], ...]:
         ctes = {cte.alias_or_name.lower() for cte in ast.find_all(exp.CTE)}
@@ -451,7 +464,7 @@ class Coordinator:
 
     async def _run_cancellable(self, cancel: asyncio.Event, plan: Any, params: Sequence[Any]) -> tuple[Any, Any]:
         reusable = reusable_cursor(plan)
-        cursor = self.cursors.acquire() if reusable else self.resources.store.cursor()
+        cursor = self.cursors.acquire() if reusable else self.resources.query_store.cursor()
         if runs_inline(plan):
             try:
                 return run_query(cursor, plan, params)

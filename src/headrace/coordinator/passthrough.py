@@ -90,6 +90,18 @@ def reads_headrace_only(ast: exp.Expr) -> bool:
     return any(table.name and table.db and table.db.lower() in _HEADRACE_ONLY_SCHEMAS for table in ast.find_all(exp.Table))
 
 
+def reads_catalog(ast: exp.Expr) -> bool:
+    """Whether `ast` reads pg_catalog or information_schema (qualified, or an unqualified pg_* relation)."""
+    ctes = {cte.alias_or_name.lower() for cte in ast.find_all(exp.CTE)}
+    for table in ast.find_all(exp.Table):
+        schema = table.db.lower() if table.db else ""
+        if schema in ("pg_catalog", "information_schema"):
+            return True
+        if not schema and table.name.lower().startswith("pg_") and table.name.lower() not in ctes:
+            return True
+    return False
+
+
 def unknown_relations(ast: exp.Expr, relation_exists: RelationExists) -> list[str]:
     """The relations `ast` names that are neither headrace's, nor its catalog's, nor the statement's own CTEs."""
     ctes = {cte.alias_or_name.lower() for cte in ast.find_all(exp.CTE)}

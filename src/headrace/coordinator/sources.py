@@ -38,6 +38,9 @@ class SourceResources:
                  executor: ThreadPoolExecutor) -> None:
         self.layout = layout
         self.store = store
+        # Where headrace answers the queries it keeps (its catalog emulation, system relations, session functions):
+        # the serving store itself when it is DuckDB; with the PostgreSQL one, a DuckDB in memory holding no rows.
+        self.query_store = store if isinstance(store, ServingStore) else ServingStore(Path(":memory:"), threads=1)
         self.registry = registry
         self.executor = executor
 

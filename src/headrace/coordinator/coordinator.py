@@ -71,7 +71,7 @@ from headrace.errors import (
 from headrace.sql.ast import GrantPrivileges, SavepointStatement, ShowObjects, SubscribeStatement
 from headrace.sql.limits import off_loop
 from headrace.sql.parser import parse_client_statement, parse_statement
-from headrace.sql.table_statements import is_create_table, is_write, table_from_create, write_target
+from headrace.sql.table_statements import is_create_table, is_drop_table, is_write, table_from_create, write_target
 from headrace.sql.select import is_query, plan_select, refuse_store_only_functions
 from headrace.sql.types import TEXT_OID
 from headrace.store.postgres_server import PostgresStore
@@ -263,6 +263,9 @@ class Coordinator:
             return isinstance(ast, exp.Create) and not mentions_headrace(ast, self._relation_named)
         if is_create_table(ast) and not is_temporary_table(ast) and ast.expression is None:
             return False  # a headrace table: its writes feed the pipeline
+        if is_drop_table(ast) and any(self.catalog.find_table(t.db or "public", t.name) is not None
+                                      for t in ast.find_all(exp.Table)):
+            return False  # a headrace table: its log, storage and views go with it (coordinator/tables.py)
         if self.serving_on_postgres:
             return self._store_answers(ast)
         return not mentions_headrace(ast, self._relation_named)

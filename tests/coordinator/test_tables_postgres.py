@@ -36,7 +36,7 @@ from headrace.store.table_reads import applied_checkpoints, rows_for_keys, table
 from ..real_servers.postgres import shared_cluster
 
 _databases = itertools.count()
-TYPES_TABLE = ("CREATE TABLE kinds (id int8 PRIMARY KEY, s int2, i int4, r float4, d float8, t text, "
+TYPES_TABLE = ("CREATE TABLE kinds (id int8 PRIMARY KEY, s int2, i int4 NOT NULL DEFAULT 42, r float4, d float8, t text, "
                "v varchar(10), c char(3), b bool, ts timestamptz, j json, jb jsonb, by bytea, n numeric(12,2), "
                "nu numeric, day date, at timestamp, u uuid, span interval)")
 
@@ -124,12 +124,25 @@ async def _public_relation_is_typed_as_postgresql_types_the_same_table(tables: T
         conn.execute("CREATE SCHEMA plain")
         conn.execute(TYPES_TABLE.replace("kinds", "plain.kinds"))
         conn.commit()
-    types = ("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass "
-             "AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
-    public = query(store, types, ["public.kinds"])
-    assert public == query(store, types, ["plain.kinds"])
-    assert ("v", "character varying(10)") in public and ("s", "smallint") in public and ("r", "real") in public
-    assert query(store, "SELECT relkind FROM pg_class WHERE oid = 'public.kinds'::regclass") == [("v",)]
+    public = query(store, COLUMNS, ["public.kinds"])
+    assert public == query(store, COLUMNS, ["plain.kinds"])
+    assert ("v", "character varying(10)", False, None) in public and ("s", "smallint", False, None) in public
+    # a table with a key is a real table (psql: "Table", its key, SQLAlchemy reflects it), kept by triggers
+    assert query(store, "SELECT relkind FROM pg_class WHERE oid = 'public.kinds'::regclass") == [("r",)]
+    assert query(store, CONSTRAINTS, ["public.kinds"]) == [("kinds_pkey", "PRIMARY KEY (id)")]
+    await run(tables, "CREATE TABLE loose (a int4 NOT NULL, b text DEFAULT 'xy')")  # no key: a view
+    with store.pool.connection() as conn:
+        conn.execute("CREATE TABLE plain.loose (a int4 NOT NULL, b text DEFAULT 'xy')")
+        conn.commit()
+    assert query(store, "SELECT relkind FROM pg_class WHERE oid = 'public.loose'::regclass") == [("v",)]
+    assert [row[:2] for row in query(store, COLUMNS, ["public.loose"])] == \
+        [row[:2] for row in query(store, COLUMNS, ["plain.loose"])]
+
+
+COLUMNS = ("SELECT attname, format_type(atttypid, atttypmod), attnotnull, pg_get_expr(d.adbin, d.adrelid) "
+           "FROM pg_attribute a LEFT JOIN pg_attrdef d ON (d.adrelid, d.adnum) = (a.attrelid, a.attnum) "
+           "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
+CONSTRAINTS = "SELECT conname::text, pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s::regclass"
 
 
 def test_values_round_trip_as_postgresql_stores_them(store: PostgresServingStore, tmp_path: Path) -> None:
@@ -160,7 +173,7 @@ async def _values_round_trip_as_postgresql_stores_them(tables: Tables, store: Po
         ours = conn.execute(f"SELECT id, ({columns})::text FROM public.kinds ORDER BY id").fetchall()
         theirs = conn.execute(f"SELECT id, ({columns})::text FROM plain_kinds ORDER BY id").fetchall()
     assert ours == theirs
-    assert ours[1][1].startswith("(,,3.3,,,ABCdef,\"z  \",")  # rounded to real, PostgreSQL's text, char(3) padded
+    assert ours[1][1].startswith("(,42,3.3,,,ABCdef,\"z  \",")  # rounded to real, PostgreSQL's text, char(3) padded
 
 
 def test_update_and_delete_are_evaluated_by_postgresql(store: PostgresServingStore, tmp_path: Path) -> None:
@@ -382,3 +395,32 @@ async def _create_over_store_relation(tables: Tables, store: PostgresServingStor
     result = await run(tables, "CREATE TABLE IF NOT EXISTS taken (id int4 PRIMARY KEY)")
     assert result == CommandComplete("CREATE TABLE", ('relation "taken" already exists, skipping',))
     assert tables.catalog.find_table("public", "taken") is None
+
+
+def test_a_restart_repairs_the_public_table(store: PostgresServingStore, tmp_path: Path) -> None:
+    """At start each table's public relation is made again if missing, or replaced when it is a view (the layout of
+    an older data directory) and filled from the storage; triggers keep it current afterwards."""
+    drive(store, tmp_path, lambda tables: _fill(tables, store))
+    with store.pool.connection() as conn:
+        conn.execute("DROP TABLE public.keep")
+        storage = conn.execute("SELECT 'headrace_internal.' || quote_ident(relname) FROM pg_class WHERE relname "
+                               "LIKE 'table_%%' AND relkind = 'r'").fetchone()
+        assert storage is not None
+        conn.execute(f"CREATE VIEW public.keep AS SELECT id, CAST(v AS varchar(4)) AS v FROM {storage[0]}")
+        conn.commit()
+    drive(store, tmp_path, lambda tables: _after_restart(tables, store))
+
+
+async def _fill(tables: Tables, store: PostgresServingStore) -> None:
+    await run(tables, "CREATE TABLE keep (id int4 PRIMARY KEY, v varchar(4))")
+    await run(tables, "INSERT INTO keep VALUES (1, 'a'), (2, 'b')")
+    apply(store, tables, table_of(tables, "keep"))
+
+
+async def _after_restart(tables: Tables, store: PostgresServingStore) -> None:
+    assert query(store, "SELECT relkind FROM pg_class WHERE oid = 'public.keep'::regclass") == [("r",)]
+    assert query(store, "SELECT id, v FROM keep ORDER BY id") == [(1, "a"), (2, "b")]
+    await run(tables, "UPDATE keep SET v = v || '!' WHERE id = 2")
+    await run(tables, "DELETE FROM keep WHERE id = 1")
+    apply(store, tables, table_of(tables, "keep"))
+    assert query(store, "SELECT id, v FROM keep ORDER BY id") == [(2, "b!")]

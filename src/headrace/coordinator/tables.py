@@ -49,6 +49,7 @@ from headrace.coordinator.table_writes import WriteComputer, column_document, de
 from headrace.errors import DuplicateObject, HeadraceError, QueryCanceled, UndefinedObject
 from headrace.sql import table_statements as grammar
 from headrace.store import table_reads_postgres as on_postgres
+from headrace.store import table_relation_postgres as public_relation
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import CHECKPOINTS_TABLE
 from headrace.store.table_log import ValueError_, encode_changes
@@ -123,7 +124,8 @@ class Tables:
     def _ensure_store(self, table: Table) -> None:
         self.store.apply(table_binding(table))
         if isinstance(self.store, PostgresServingStore):
-            on_postgres.create_public_relation(self.store, table, on_postgres.storage_name(table))
+            public_relation.ensure(self.store, table, on_postgres.storage_name(table))
+            on_postgres.ensure_write_role(self.store)
             return
         with self.store.cursor() as cursor:
             cursor.execute(public_relation_sql(table))
@@ -462,7 +464,7 @@ class Tables:
                     return CommandComplete("CREATE TABLE", (f'{kind} "{name}" already exists, skipping',))
                 raise DuplicateObject(f'relation "{name}" already exists', detail=f'"{name}" is a {holder}')
             if isinstance(self.store, PostgresServingStore) and \
-                    await self._run(on_postgres.relation_exists, self.store, schema, name):
+                    await self._run(public_relation.exists, self.store, schema, name):
                 # a relation only the store has (a plain table or view a session created there)
                 if ast.args.get("exists"):
                     return CommandComplete("CREATE TABLE", (f'relation "{name}" already exists, skipping',))
@@ -515,7 +517,7 @@ class Tables:
     def _refuse_drop_with_dependents(self, table: Table) -> None:
         """PostgreSQL's 2BP01 when plain views users created in the store read the table (CASCADE drops them)."""
         assert isinstance(self.store, PostgresServingStore)
-        dependents = on_postgres.dependent_views(self.store, table)
+        dependents = public_relation.dependent_views(self.store, table)
         if dependents:
             raise HeadraceError(f"cannot drop table {table.name} because other objects depend on it",
                                 sqlstate="2BP01", hint="Use DROP ... CASCADE to drop the dependent objects too.",
@@ -523,7 +525,7 @@ class Tables:
 
     def _remove_files(self, table: Table, cascade: bool = False) -> None:
         if isinstance(self.store, PostgresServingStore):
-            on_postgres.remove_public_relation(self.store, table, table.materialization, cascade)
+            public_relation.remove(self.store, table, cascade)
         else:
             with self.store.cursor() as cursor:
                 cursor.execute(f'DROP VIEW IF EXISTS "{table.schema}"."{table.name}"')

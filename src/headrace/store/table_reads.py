@@ -46,8 +46,10 @@ def table_binding(table: Table) -> Binding:
 def public_relation_sql(table: Table, dialect: str = "duckdb") -> str:
     """The user-visible relation: the declared columns in order (the hidden row id stays hidden); on PostgreSQL
     each cast to its declared type (store/table_reads_postgres.py)."""
-    if dialect == "postgres":
-        return on_postgres.public_relation_sql(table, qualified_name(table_binding(table).resource_path))
+    if dialect == "postgres":  # as a view (store/table_relation_postgres.py: a table with a key gets a table)
+        from headrace.store.table_relation_postgres import view_sql
+
+        return view_sql(table, qualified_name(table_binding(table).resource_path))
     columns = ", ".join(quote_ident(c) for c in table.column_names())
     return (f"CREATE OR REPLACE VIEW {quote_ident(table.schema)}.{quote_ident(table.name)} AS SELECT {columns} "
             f"FROM {qualified_name(table_binding(table).resource_path)}")

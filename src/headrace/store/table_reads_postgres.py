@@ -2,9 +2,8 @@
 need, and the write statements' own queries, evaluated BY PostgreSQL (blocking: run in the executor).
 
 The storage (headrace_internal.table_<id>) has the binding's types (text for varchar(n), integer for int2,
-double precision for float4, jsonb for json, ...: the types the serving driver writes); the public relation is a
-view casting each column back to its declared type, so `format_type` of its columns is what PostgreSQL shows for
-the same CREATE TABLE (character varying(10), smallint, real, numeric(12,2), json, character(3), ...).
+double precision for float4, jsonb for json, ...: the types the serving driver writes); the public relation has the
+declared types (store/table_relation_postgres.py).
 
 Rows travel to PostgreSQL (the overlay of acknowledged rows the store lacks, upsert pairs, keys) as one text[]
 parameter per column, each value in PostgreSQL's input syntax for its storage type, cast back in the query.
@@ -50,49 +49,6 @@ _roles_lock = threading.Lock()
 def storage_types(table: Table) -> dict[str, str]:
     """Every storage column -> its PostgreSQL type (as the serving store created it)."""
     return {name: column_type(binding_type) for name, binding_type in table.store_columns().items()}
-
-
-def public_relation_sql(table: Table, storage: str) -> str:
-    """The public relation: the declared columns in order, each cast back to its declared type."""
-    columns = ", ".join(f"CAST({quote_ident(c.name)} AS {c.type_sql}) AS {quote_ident(c.name)}"
-                        for c in table.columns)
-    return (f"CREATE OR REPLACE VIEW {quote_ident(table.schema)}.{quote_ident(table.name)} AS SELECT {columns} "
-            f"FROM {storage}")
-
-
-def create_public_relation(store: PostgresServingStore, table: Table, storage: str) -> None:
-    with store.pool.connection() as conn:
-        conn.execute(public_relation_sql(table, storage))
-        conn.commit()
-    ensure_write_role(store)
-
-
-def relation_exists(store: PostgresServingStore, schema: str, name: str) -> bool:
-    with store.pool.connection() as conn:
-        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                           [f"{quote_ident(schema)}.{quote_ident(name)}"]).fetchone()
-    return bool(row and row[0])
-
-
-def dependent_views(store: PostgresServingStore, table: Table) -> list[str]:
-    """Relations of the store (plain views users created there) that depend on the table's public relation."""
-    with store.pool.connection() as conn:
-        rows = conn.execute(
-            "SELECT DISTINCT format('%%s %%s', CASE c.relkind WHEN 'm' THEN 'materialized view' ELSE 'view' END, "
-            "c.oid::regclass) FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid "
-            "JOIN pg_class c ON c.oid = r.ev_class "
-            "WHERE d.classid = 'pg_rewrite'::regclass AND d.refobjid = to_regclass(%s) AND c.oid <> d.refobjid "
-            "ORDER BY 1", [f"{quote_ident(table.schema)}.{quote_ident(table.name)}"]).fetchall()
-    return [row[0] for row in rows]
-
-
-def remove_public_relation(store: PostgresServingStore, table: Table, materialization: str,
-                           cascade: bool) -> None:
-    with store.pool.connection() as conn:
-        conn.execute(f"DROP VIEW IF EXISTS {quote_ident(table.schema)}.{quote_ident(table.name)}"
-                     f"{' CASCADE' if cascade else ''}")
-        conn.execute(f"DELETE FROM {CHECKPOINTS_TABLE} WHERE materialization = %s", [materialization])
-        conn.commit()
 
 
 def ensure_write_role(store: PostgresServingStore) -> None:

@@ -159,7 +159,8 @@ def test_every_column_type_reaches_arrow_as_the_drivers_take_it(typed: TypedRela
     assert keyed.updated.to_pylist() == [expected_arrow(2, note="", amount=7)]
     assert keyed.deleted.schema == pa.schema([("k", pa.int64())]) and keyed.deleted.to_pylist() == [{"k": 1}]
 
-    delta = ChangeReader(typed.store, typed.input, columns, True).next_batch(first)
+    deltas = ChangeReader(typed.store, typed.input, columns, True)
+    delta = deltas.next_batch(first)
     assert delta is not None and delta.delta is not None
     assert delta.delta.schema == pa.schema([("hr_timestamp", pa.int64()), ("hr_diff", pa.int32()), *schema])
     assert delta.delta.to_pylist() == [
@@ -167,6 +168,32 @@ def test_every_column_type_reaches_arrow_as_the_drivers_take_it(typed: TypedRela
         {"hr_timestamp": second, "hr_diff": -1, **expected_arrow(2, note="")},
         {"hr_timestamp": second, "hr_diff": 1, **expected_arrow(2, note="", amount=7)},
         {"hr_timestamp": second, "hr_diff": 1, **expected_arrow(4)}]
+
+    # Rows stored again unchanged (every type equal to itself, NULLs too) cancel out; a changed one does not.
+    third = typed.commit({3: [None] * 12, 4: typed_values(4), 2: typed_values(2, note=None, amount=7)})
+    rewritten = deltas.next_batch(second)
+    assert rewritten is not None and rewritten.changes == 6 and rewritten.delta is not None
+    assert rewritten.delta.to_pylist() == [
+        {"hr_timestamp": third, "hr_diff": -1, **expected_arrow(2, note="", amount=7)},
+        {"hr_timestamp": third, "hr_diff": 1, **expected_arrow(2, note=None, amount=7)}]
+
+
+def test_delta_consolidation_of_a_key_changed_twice_one_way_is_postgresql_s_group_by(
+        typed: TypedRelation) -> None:
+    """Arrow consolidates a keyed input's changes; an input whose key repeats within a commit (here every row
+    under one key) is consolidated by PostgreSQL's GROUP BY instead, with the same result GROUP BY gives."""
+    columns = [("k", "BIGINT"), ("note", "VARCHAR")]
+    one_key = SinkInput("table", "public.one_key", typed.input.resource_path, typed.input.materialization,
+                        "SELECT hr_timestamp, hr_diff, 1::bigint AS k, note FROM __hr_input", ("k",))
+    first = typed.commit({1: typed_values(1, note="x"), 2: typed_values(2, note="x"), 3: typed_values(3, "y")})
+    second = typed.commit({1: typed_values(1, note="z"), 2: typed_values(2, note="x", amount=5)})
+    batch = ChangeReader(typed.store, one_key, columns, True).next_batch(0)
+    assert batch is not None and batch.delta is not None
+    assert batch.delta.to_pylist() == [
+        {"hr_timestamp": first, "hr_diff": 1, "k": 1, "note": "y"},  # by commit, key, then the diff
+        {"hr_timestamp": first, "hr_diff": 2, "k": 1, "note": "x"},
+        {"hr_timestamp": second, "hr_diff": -1, "k": 1, "note": "x"},  # key 2's -1/+1 of "x" cancel
+        {"hr_timestamp": second, "hr_diff": 1, "k": 1, "note": "z"}]
 
 
 # ------------------------------------------------------------------------------------------------ views

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from headrace.catalog.sinks import Sink
+from headrace.errors import HeadraceError
 from headrace.materialize.drivers.builtin import BUILTIN_DRIVERS
 from headrace.materialize.drivers.postgres_serving import PostgresServingTransactor
 from headrace.materialize.drivers.serving import ServingTransactor
@@ -131,6 +132,12 @@ def test_postgresql_s_types_are_described_by_their_canonical_names(store: Postgr
         ("k", "JSON"), ("l", "JSON"), ("m", "TIMESTAMPTZ"), ("n", "TIMESTAMP"), ("o", "DATE"), ("p", "INTERVAL"),
         ("q", "UUID"), ("r", "BLOB"), ("s", "BOOLEAN"), ("t", "INTEGER[]"), ("v", "DECIMAL(5,1)[]"),
         ("w", "VARCHAR[]"), ("x", "TIME"), ("y", "VARCHAR")]
+
+
+def test_a_select_postgresql_refuses_is_an_error_with_its_sqlstate(store: PostgresServingStore) -> None:
+    with pytest.raises(HeadraceError, match='column "nosuch" does not exist') as raised:
+        describe(store, "SELECT nosuch LIMIT 0")
+    assert raised.value.sqlstate == "42703"
 
 
 def test_every_column_type_reaches_arrow_as_the_drivers_take_it(typed: TypedRelation) -> None:

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg.postgres import types as postgres_types
 
+from headrace.errors import HeadraceError
 from headrace.materialize.drivers.postgres_sql import Column, Read, columnar_read, read_csv
 from headrace.sink.inputs import FIRST, INPUT, SinkInput
 from headrace.store.postgres_serving import PostgresServingStore
@@ -64,10 +65,15 @@ def canonical_type(column: psycopg.Column) -> str:
 
 
 def describe(store: PostgresServingStore, sql: str) -> list[tuple[str, str]]:
-    """(name, canonical type) of each column of `sql`, which PostgreSQL plans but does not run (LIMIT 0 inside)."""
-    with store.reading(None) as conn, conn.cursor() as cursor:
-        cursor.execute(sql)
-        return [(column.name, canonical_type(column)) for column in cursor.description or []]
+    """(name, canonical type) of each column of `sql`, which PostgreSQL plans but does not run (LIMIT 0 inside).
+    PostgreSQL's error, should it refuse the SELECT, with its SQLSTATE (CREATE SINK reports it)."""
+    try:
+        with store.reading(None) as conn, conn.cursor() as cursor:
+            cursor.execute(sql)
+            return [(column.name, canonical_type(column)) for column in cursor.description or []]
+    except psycopg.Error as exc:
+        raise HeadraceError(exc.diag.message_primary or str(exc), sqlstate=exc.sqlstate or "08006",
+                            detail=exc.diag.message_detail, hint=exc.diag.message_hint) from None
 
 
 def arrow_read(type_name: str, expr: str) -> Read:

@@ -31,7 +31,7 @@ from headrace.materialize.protocol import Binding, MaterializationSpec, Open, St
 from headrace.sink.changes import ChangeReader
 from headrace.sink.configs import Endpoint
 from headrace.sink.inputs import SinkInput, SinkStore, _view_input
-from headrace.sink.postgres_reads import describe
+from headrace.sink.postgres_reads import arrow_read, describe
 from headrace.sink.runner import SinkRunner, sink_spec
 from headrace.sql.parser import parse_statement
 from headrace.sql.view_serving import public_relation_sql, view_binding, view_materialization
@@ -132,6 +132,14 @@ def test_postgresql_s_types_are_described_by_their_canonical_names(store: Postgr
         ("k", "JSON"), ("l", "JSON"), ("m", "TIMESTAMPTZ"), ("n", "TIMESTAMP"), ("o", "DATE"), ("p", "INTERVAL"),
         ("q", "UUID"), ("r", "BLOB"), ("s", "BOOLEAN"), ("t", "INTEGER[]"), ("v", "DECIMAL(5,1)[]"),
         ("w", "VARCHAR[]"), ("x", "TIME"), ("y", "VARCHAR")]
+
+
+def test_types_no_driver_holds_are_read_as_text_until_a_driver_refuses_them() -> None:
+    """The reader is made before the driver's Validate (CREATE SINK) refuses a type: it must not fail first."""
+    for type_name in ("DECIMAL(50,2)", "INTEGER[]", "TIME"):
+        read = arrow_read(type_name, "c.x")
+        assert (read.select, read.parse_type) == ("(c.x)::text", pa.string())
+    assert arrow_read("DECIMAL(38,4)", "c.x").parse_type == pa.decimal128(38, 4)
 
 
 def test_a_select_postgresql_refuses_is_an_error_with_its_sqlstate(store: PostgresServingStore) -> None:

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from psycopg.postgres import types as postgres_types
 
 from headrace.errors import HeadraceError
-from headrace.materialize.drivers.postgres_sql import Column, Read, columnar_read, read_csv
+from headrace.materialize.drivers.postgres_sql import Column, Read, columnar_read, duckdb_type, read_csv
 from headrace.sink.inputs import FIRST, INPUT, SinkInput
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import changelog_table, qualified_name, quote_ident
@@ -85,9 +85,9 @@ def arrow_read(type_name: str, expr: str) -> Read:
         return Read(f"({expr})::jsonb::text", pa.string())  # jsonb's text, for a json column too
     if type_name == "DOUBLE":
         return Read(f"({expr})::float8", pa.float64())  # a numeric without typmod is DOUBLE (canonical_type)
-    if type_name in _AS_LOADED or type_name.startswith("DECIMAL("):
+    if type_name in _AS_LOADED or (type_name.startswith("DECIMAL(") and duckdb_type(type_name) == type_name):
         return columnar_read(Column("", type_name, ""), expr)
-    return Read(f"({expr})::text", pa.string())
+    return Read(f"({expr})::text", pa.string())  # arrays, numeric beyond 38 digits, ...: drivers refuse them
 
 
 def _grouped(type_name: str, expr: str) -> str:

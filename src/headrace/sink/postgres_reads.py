@@ -17,8 +17,12 @@ tz=UTC], TIMESTAMP timestamp[us], DATE date32, BLOB binary; INTERVAL duration[us
 protocol's integer-microseconds convention, as the POSTGRES driver stages it). Times travel as integer microseconds
 (exact: extract(epoch) is numeric), dates as integer days, bytea as hex, every other type as its text.
 
-The SQL is PostgreSQL's own: no EXCLUDE, no GROUP BY ALL, subqueries named, json compared as jsonb (json has no
-equality operator, so a json key could not be partitioned nor a json value grouped)."""
+Consolidation: a keyed batch in PostgreSQL (one sort serves DISTINCT ON per key, its last change, and the window
+giving its first change's diff); a delta batch read as it is and consolidated by Arrow (`consolidate_keyed_deltas`:
+PostgreSQL's GROUP BY over every column, jsonb included, cost about twice the read itself), with PostgreSQL's GROUP
+BY kept for an input whose key repeats within one commit. The SQL is PostgreSQL's own: no EXCLUDE, no GROUP BY ALL,
+subqueries named, json compared as jsonb (json has no equality operator, so a json key could not be partitioned
+nor a json value grouped)."""
 
 from __future__ import annotations
 
@@ -103,7 +107,6 @@ class PostgresChangeQueries:
                  delta: bool) -> None:
         self._store = store
         self._input = sink_input
-        self._columns = columns
         self._delta = delta
         self._changelog = changelog_table(sink_input.resource_path)
         self._table = qualified_name(sink_input.resource_path)
@@ -189,8 +192,9 @@ class PostgresChangeQueries:
     def _copy(conn: psycopg.Connection[Any], cte: str, reads: list[tuple[str, Read]], rest: str) -> pa.Table:
         """`cte SELECT <reads> rest` as COPY ... TO STDOUT (FORMAT csv), parsed by Arrow."""
         selects = ", ".join(read.select for _, read in reads)
+        statement = f"COPY ({cte} SELECT {selects} {rest}) TO STDOUT (FORMAT csv)"
         data = bytearray()
-        with conn.cursor() as cursor, cursor.copy(f"COPY ({cte} SELECT {selects} {rest}) TO STDOUT (FORMAT csv)") as copy:
+        with conn.cursor() as cursor, cursor.copy(statement) as copy:
             for chunk in copy:
                 data += chunk
         return read_csv(bytes(data), reads)

@@ -1,7 +1,8 @@
 """What a sink sends next: its input's changes after its position, read from the serving store as Arrow tables.
 
 A sink's position is an upstream commit timestamp T: every change of its input with hr_timestamp <= T is in the
-target. `next_batch` reads, in one DuckDB transaction (so compaction and commits cannot slip in between), the
+target. `next_batch` reads, in one transaction of the serving store (DuckDB's, or a REPEATABLE READ one on
+PostgreSQL: sink/postgres_reads.py; so compaction and commits cannot slip in between), the
 changes in (T, U] where U is the latest commit of the input's materialization, capped so that a batch holds about
 `max_changes` changes but never splits one upstream commit (HTTP idempotency keys name upstream commits, so every
 replay must cut at the same places). Position None: the input's rows as of U, as one snapshot batch.

@@ -13,8 +13,9 @@ Reads: `COPY (SELECT ...) TO STDOUT (FORMAT csv)` parsed by Arrow's CSV reader w
 per value): a batch of 100,000 changes is one COPY and one C++ parse. The Arrow types are those DuckDB's
 fetch_arrow_table gives for the same columns, which the drivers consume: integers and floats as such, DECIMAL(p,s)
 decimal128(p,s), VARCHAR / UUID / JSON string (JSON as jsonb's text), BOOLEAN bool, TIMESTAMPTZ timestamp[us,
-tz=UTC], TIMESTAMP timestamp[us], DATE date32, BLOB binary; INTERVAL duration[us] (1 month = 30 days, the
-protocol's integer-microseconds convention, as the POSTGRES driver stages it). Times travel as integer microseconds
+tz=UTC], TIMESTAMP timestamp[us], DATE date32, BLOB binary; INTERVAL int64 microseconds (1 month = 30 days: the
+protocol's convention, which the POSTGRES, REDIS, HTTP and external drivers take; DuckDB's month_day_nano_interval
+is taken by none of them). Times travel as integer microseconds
 (exact: extract(epoch) is numeric), dates as integer days, bytea as hex, every other type as its text.
 
 Consolidation: a keyed batch in PostgreSQL (one sort serves DISTINCT ON per key, its last change, and the window
@@ -49,7 +50,7 @@ _CANONICAL_BY_OID = {
 }
 # Canonical types columnar_read (the POSTGRES driver's Loads) reads as DuckDB's own Arrow types.
 _AS_LOADED = frozenset({"BOOLEAN", "SMALLINT", "INTEGER", "BIGINT", "FLOAT", "VARCHAR", "UUID", "DATE", "TIMESTAMP",
-                        "INTERVAL", "BLOB"})
+                        "BLOB"})
 
 
 def canonical_type(column: psycopg.Column) -> str:
@@ -85,6 +86,8 @@ def arrow_read(type_name: str, expr: str) -> Read:
     if type_name == "TIMESTAMPTZ":
         return Read(f"(extract(epoch from {expr}) * 1000000)::bigint", pa.int64(),
                     lambda values: values.cast(pa.timestamp("us", tz="UTC")))
+    if type_name == "INTERVAL":  # the protocol's integer microseconds, which every driver takes
+        return Read(f"(extract(epoch from {expr}) * 1000000)::bigint", pa.int64())
     if type_name == "JSON":
         return Read(f"({expr})::jsonb::text", pa.string())  # jsonb's text, for a json column too
     if type_name == "DOUBLE":

@@ -6,7 +6,6 @@ it, after new rows, updated groups and an IDEMPOTENT replacement."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,9 @@ from tests.real_servers.postgres import new_store_database
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadraceProcess]:
-    process = HeadraceProcess(Path(tmp_path_factory.mktemp("pgsinks")) / "data",
-                              ("--serving-store", "postgres", "--allow-directory", str(tmp_path_factory.getbasetemp())))
-    process.start()
-    yield process
-    process.stop()
+@pytest.fixture
+def server(pg_serving_server: HeadraceProcess) -> HeadraceProcess:
+    return pg_serving_server
 
 
 def post(server: HeadraceProcess, key: str, body: dict[str, Any]) -> None:

@@ -1,0 +1,152 @@
+"""SUBSCRIBE's reads on the PostgreSQL serving store (store/postgres_serving.py): column types from PostgreSQL's own
+description, values as PostgreSQL prints them, PostgreSQL's errors with their own fields.
+
+Values: a SUBSCRIBE's rows are Python values that pgwire, HTTP and COPY encode through headrace's type codecs
+(pgwire/types), so each cell is read as PostgreSQL's text and decoded by the codec of its type: the codec then
+prints it back as PostgreSQL printed it (numeric scale, float digits, jsonb's normal form, timestamptz). Integers,
+booleans and text-like cells are psycopg's values (the same ones); a type headrace has no codec for stays
+PostgreSQL's text (pgwire sends unknown types as text). A value the codecs cannot hold exactly (an infinite
+timestamp, an interval with months) is refused (0A000), never sent altered.
+
+The subscriber's own `SUBSCRIBE (SELECT ... FROM object [WHERE ...])` runs as its text was written
+(`subscriber_select`): its projections and WHERE are spliced verbatim around the object's rows, not regenerated from
+sqlglot's tree, whose round trip can change a statement (`interval '3 days 04:05:06'` came back as `INTERVAL '3
+DAYS'`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.types.string import TextLoader
+from sqlglot.tokens import TokenType
+
+from headrace.coordinator.responses import Column
+from headrace.errors import FeatureNotSupported, HeadraceError
+from headrace.pgwire import types as pg
+from headrace.sql.parser import Headrace
+from headrace.store.backend import BackendError
+from headrace.store.serving import quote_ident
+
+Row = tuple[Any, ...]
+Decoder = Callable[[Any], Any]
+
+# psycopg's value for these is the codec's own (int, bool, str; json/jsonb: the store's pool loads them as text).
+_PSYCOPG_VALUES = frozenset({pg.INT2, pg.INT4, pg.INT8, pg.BOOL, pg.TEXT, pg.VARCHAR, pg.BPCHAR, pg.NAME, pg.JSON,
+                             pg.JSONB})
+_INTERVALS = frozenset({pg.INTERVAL, pg.pg_type(pg.INTERVAL).array_oid})
+_OPENING = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET})
+_CLOSING = frozenset({TokenType.R_PAREN, TokenType.R_BRACKET})
+
+
+def subscriber_select(query_sql: str, alias: str, input_select: str, data_columns: Sequence[str]) -> str | None:
+    """`SELECT <alias>.hr_timestamp, <alias>.hr_diff, <the subscriber's projections> FROM (<input_select>) AS
+    <alias> [WHERE <the subscriber's condition>]`, the projections and condition as the subscriber wrote them (a
+    `*` or `x.*` becomes the object's data columns: hr_timestamp and hr_diff stay out of it). None if the text
+    is not the one SELECT ... FROM ... [WHERE ...] shape (the caller checked the tree for refused clauses)."""
+    try:
+        tokens = Headrace().tokenize(query_sql)
+    except Exception:  # noqa: BLE001 - sqlglot's tokenizer errors: the caller falls back to the tree
+        return None
+    if not tokens or tokens[0].token_type != TokenType.SELECT:
+        return None
+    depth = 0
+    commas: list[int] = []
+    from_at = where_at = None
+    for i, token in enumerate(tokens):
+        if token.token_type in _OPENING:
+            depth += 1
+        elif token.token_type in _CLOSING:
+            depth -= 1
+        elif depth == 0 and from_at is None and token.token_type == TokenType.COMMA:
+            commas.append(i)
+        elif depth == 0 and from_at is None and token.token_type == TokenType.FROM:
+            from_at = i
+        elif depth == 0 and from_at is not None and token.token_type == TokenType.WHERE:
+            where_at = i
+            break
+    if from_at is None or from_at == 1:
+        return None
+    quoted = quote_ident(alias)
+    items = [f"{quoted}.hr_timestamp", f"{quoted}.hr_diff"]
+    bounds = [0, *commas, from_at]
+    for first, last in zip(bounds, bounds[1:], strict=False):
+        item = tokens[first + 1:last]
+        if not item:
+            return None
+        kinds = [token.token_type for token in item]
+        if kinds[-1] == TokenType.STAR and all(kind in (TokenType.DOT, TokenType.VAR) for kind in kinds[:-1]) \
+                and (len(kinds) == 1 or kinds[-2] == TokenType.DOT):
+            items += [f"{quoted}.{quote_ident(column)}" for column in data_columns]
+        else:
+            items.append(query_sql[item[0].start:item[-1].end + 1])
+    where = f" WHERE {query_sql[tokens[where_at].end + 1:].strip()}\n" if where_at is not None else ""
+    return f"SELECT {', '.join(items)} FROM ({input_select}) AS {quoted}{where}"
+
+
+def postgres_error(error: psycopg.Error) -> HeadraceError:
+    """PostgreSQL's error as the passthrough reports it (SQLSTATE, message, detail, hint), without its position:
+    that points into the SQL headrace composed around the subscriber's SELECT, not into what the client sent."""
+    reported = BackendError(error.pgresult, str(error).strip() or type(error).__name__)
+    reported.position = None
+    return reported
+
+
+def describe_columns(conn: psycopg.Connection[Any], sql: str) -> tuple[Column, ...]:
+    """Every output column of `sql` (run as is: the caller makes it return no rows) with PostgreSQL's type oid,
+    size and modifier, as PostgreSQL's RowDescription gives them."""
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(sql)
+            result = cursor.pgresult
+            assert result is not None
+            return tuple(Column((result.fname(i) or b"?column?").decode(), result.ftype(i), result.fsize(i),
+                                result.fmod(i)) for i in range(result.nfields))
+    except psycopg.Error as error:
+        raise postgres_error(error) from None
+
+
+def fetch_rows(conn: psycopg.Connection[Any], sql: str, columns: Sequence[Column], skip: int) -> list[Row]:
+    """The rows of `sql`, whose first `skip` columns are plain integers (hr_timestamp, hr_diff) and the others
+    `columns`, each value decoded as module docstring says."""
+    decoders = [_decoder(column) for column in columns]
+    try:
+        with conn.cursor() as cursor:
+            for column in columns:
+                if column.type_oid not in _PSYCOPG_VALUES:
+                    cursor.adapters.register_loader(column.type_oid, TextLoader)
+            rows = cursor.execute(sql).fetchall()
+    except psycopg.Error as error:
+        raise postgres_error(error) from None
+    if all(decoder is None for decoder in decoders):
+        return rows
+    return [(*row[:skip], *(value if decoder is None or value is None else decoder(value)
+                            for value, decoder in zip(row[skip:], decoders, strict=True))) for row in rows]
+
+
+def _decoder(column: Column) -> Decoder | None:
+    """None: psycopg's value is the one to send."""
+    if column.type_oid in _PSYCOPG_VALUES or column.type_oid not in pg.TYPES:
+        return None
+    known = pg.TYPES[column.type_oid]
+    decode_text, encode_text = known.codec.decode_text, known.codec.encode_text
+    # headrace's interval value is a timedelta: no months, and days and time share one sign ('-3 days +04:00:00'
+    # would come back as '-2 days -20:00:00'), so an interval goes only if it prints back as PostgreSQL printed it
+    exact_only = column.type_oid in _INTERVALS
+
+    def decode(text: str) -> Any:
+        try:
+            value = decode_text(text)
+        except (ValueError, ArithmeticError, IndexError) as error:  # infinity, BC dates, ...
+            raise _cannot_send(known.name, text) from error
+        if exact_only and encode_text(value) != text.encode():
+            raise _cannot_send(known.name, text)
+        return value
+
+    return decode
+
+
+def _cannot_send(type_name: str, text: str) -> FeatureNotSupported:
+    return FeatureNotSupported(f'SUBSCRIBE cannot send the {type_name} value "{text}"',
+                               hint="cast it to text in the SUBSCRIBE's SELECT")

@@ -20,8 +20,9 @@ import pytest
 
 from headrace.coordinator import subscribe
 from headrace.coordinator.responses import Column
+from headrace.coordinator.subscribe_postgres import subscriber_select
 from headrace.coordinator.subscribe import (INPUT, Store, SubscribeTarget, SubscriptionStream, describe_target,
-                                            output_columns, restrict)
+                                            output_columns, restrict, view_target)
 from headrace.errors import HeadraceError
 from headrace.materialize.drivers.postgres_serving import PostgresServingConnector, PostgresServingTransactor
 from headrace.materialize.drivers.serving import ServingConnector, ServingTransactor
@@ -30,6 +31,8 @@ from headrace.materialize.protocol import Binding, MaterializationSpec, StoreCol
 from headrace.materialize.runtime import Runtime
 from headrace.pgwire import types as pg
 from headrace.sql.parser import parse_statement
+from headrace.sql.view_serving import view_binding
+from headrace.sql.views import InputRelation, compile_view
 from headrace.store.arrangements import Arrangement
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import ChangelogCompacted, ServingStore, changelog_name, quote_ident
@@ -69,14 +72,14 @@ def executor() -> Iterator[ThreadPoolExecutor]:
 class Committer:
     """Commits rows of SPEC's table through the store's own serving driver."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, spec: MaterializationSpec = SPEC) -> None:
         if isinstance(store, PostgresServingStore):
             self.server = ThreadedDriverServer(lambda _open: PostgresServingTransactor(store),
                                                PostgresServingConnector(store))
         else:
             self.server = ThreadedDriverServer(lambda _open: ServingTransactor(store), ServingConnector(store))
         self.store = store
-        self.runtime: Runtime = self.server.runtime(SPEC)
+        self.runtime: Runtime = self.server.runtime(spec)
         self.runtime.open()
         self.ids: set[int] = set()
 
@@ -91,6 +94,10 @@ class Committer:
         latest = self.store.latest_timestamp(MATERIALIZATION)
         assert latest is not None
         return latest
+
+    def store_documents(self, documents: Sequence[tuple[list[Any], dict[str, Any]]]) -> None:
+        """Row Stores of (key, document) into the spec's only binding."""
+        self.runtime.transact([(0, key, document) for key, document in documents], {"batch": next(_batches)})
 
     def close(self) -> None:
         self.runtime.close()
@@ -128,7 +135,7 @@ def source_target(store: Store, select: str | None = None) -> SubscribeTarget:
     target = SubscribeTarget(PATH, MATERIALIZATION, f"SELECT hr_timestamp, hr_diff, {columns} FROM {INPUT}")
     if select is None:
         return target
-    query = parse_statement(f"SUBSCRIBE ({select})").args["query"]
+    query = parse_statement(f"SUBSCRIBE ({select}\n)").args["query"]
     return restrict(target, query, list(TYPES), store.dialect, query_sql=select)
 
 
@@ -260,6 +267,31 @@ def test_an_arrangement_follows_the_changelog(store: Store, committer: Committer
     asyncio.run(scenario())
 
 
+def test_a_view_target_in_the_store_s_dialect(store: Store, executor: ThreadPoolExecutor) -> None:
+    table = InputRelation(kind="table", item_id="u1", name="t", columns={"id": "int4", "n": "numeric", "v": "varchar"},
+                          key=("id",), append_only=False)
+    plan = compile_view(parse_statement("CREATE MATERIALIZED VIEW v AS SELECT id, n * 2 AS dbl, v, id + 1 AS next "
+                                        "FROM t"),  # type: ignore[arg-type]
+                        lambda schema, name: table if name == "t" else None)
+    binding = view_binding(plan, "u9")
+    committer = Committer(store, MaterializationSpec("view_u9", (binding,)))
+    try:
+        committer.store_documents([(["[1]"], {"hr_key": "[1]", "o0": 1, "o1": 5.0, "o2": "a", "o3": 2}),
+                                   (["[2]"], {"hr_key": "[2]", "o0": 2, "o1": 0.5, "o2": "b", "o3": 3})])
+        target = view_target(plan, "u9", "view_u9", store.dialect)
+        columns = describe_target(store, target)
+        assert [(c.name, c.type_oid) for c in columns] == [
+            ("id", pg.INT4), ("dbl", pg.NUMERIC if store.dialect == "postgres" else pg.FLOAT8), ("v", pg.VARCHAR if store.dialect == "postgres" else pg.TEXT),
+            ("next", pg.INT4)]
+        _, rows = stream(store, executor, target)._read_snapshot()
+        expected = [(1, 1, 5, "a", 2), (1, 2, 0.5, "b", 3)]
+        assert sorted(data(rows)) == expected
+        if store.dialect == "postgres":  # numeric, as the view's public relation shows it
+            assert [type(r[3]) for r in rows] == [Decimal, Decimal]
+    finally:
+        committer.close()
+
+
 # ---- PostgreSQL: its SQL, types, values and errors -----------------------------------------------------
 
 
@@ -327,3 +359,30 @@ def test_postgresql_errors_keep_their_sqlstate(postgres_store: PostgresServingSt
         with pytest.raises(HeadraceError) as failed:
             reader._read_snapshot()
         assert (failed.value.sqlstate, failed.value.message) == (sqlstate, message)
+
+
+def test_the_subscribers_text_runs_as_written(postgres_store: PostgresServingStore,
+                                              postgres_committer: Committer, executor: ThreadPoolExecutor) -> None:
+    postgres_committer.commit([row(1), row(2), row(3)])
+    for select, expected in [
+            ("SELECT *, S.name AS again, interval '3 days 04:05:06' AS span FROM s AS S WHERE id >= 2 -- the end",
+             [(1, *row(n), f"n{n}", datetime.timedelta(days=3, seconds=14706)) for n in (2, 3)]),
+            ('SELECT x.* FROM public.s x WHERE x.doc->>\'tag\' IN (\'t1\', \'t3\')', [(1, *row(n)) for n in (1, 3)]),
+            ("SELECT (ARRAY[id, id * 10])[2] AS tens, substring(name FROM 2) AS rest FROM s WHERE (id, name) = "
+             "(1, 'n1')", [(1, 10, "1")])]:
+        target = source_target(postgres_store, select)
+        assert target.select_sql.endswith(f" WHERE {select.split(' WHERE ')[1]}\n")  # spliced, not regenerated
+        _, rows = stream(postgres_store, executor, target)._read_snapshot()
+        assert sorted(data(rows)) == expected
+
+
+def test_splicing_the_subscribers_text() -> None:
+    columns = ["id", "Name"]
+    assert subscriber_select("SELECT * FROM t WHERE id > 1 -- c", "t", "<input>", columns) == (
+        'SELECT "t".hr_timestamp, "t".hr_diff, "t"."id", "t"."Name" FROM (<input>) AS "t" WHERE id > 1 -- c\n')
+    assert subscriber_select("SELECT f(a, b), t.* , g[1:2] FROM s AS t", "t", "<input>", columns) == (
+        'SELECT "t".hr_timestamp, "t".hr_diff, f(a, b), "t"."id", "t"."Name", g[1:2] FROM (<input>) AS "t"')
+    assert subscriber_select("SELECT extract(year FROM at) FROM s", "s", "<i>", columns) == (
+        'SELECT "s".hr_timestamp, "s".hr_diff, extract(year FROM at) FROM (<i>) AS "s"')
+    assert subscriber_select("VALUES (1)", "s", "<i>", columns) is None
+    assert subscriber_select("SELECT FROM s", "s", "<i>", columns) is None

@@ -29,7 +29,8 @@ from sqlglot import exp
 
 from headrace.catalog.catalog import Catalog
 from headrace.coordinator.responses import Column, Subscribing
-from headrace.coordinator.subscribe_postgres import describe_columns, fetch_rows, subscriber_select
+from headrace.coordinator.subscribe_postgres import (allow_reading, check_functions, describe_columns, fetch_rows,
+                                                     subscriber_select)
 from headrace.errors import FeatureNotSupported, HeadraceError, UndefinedObject
 from headrace.materialize.sources import source_binding
 from headrace.pgwire import types as pg
@@ -113,6 +114,8 @@ def restrict(target: SubscribeTarget, query: exp.Expr, data_columns: Sequence[st
     select = query.copy()
     table = select.args[FROM_KEY].this
     alias = table.alias_or_name
+    if dialect == "postgres":
+        check_functions(query)
     if dialect == "postgres" and query_sql is not None:
         spliced = subscriber_select(query_sql, alias, target.select_sql, data_columns)
         if spliced is not None:
@@ -197,6 +200,8 @@ def describe_target(store: Store, target: SubscribeTarget) -> tuple[Column, ...]
     """The data columns (after hr_timestamp and hr_diff) of the target's SELECT, without rows."""
     sql = f"WITH {INPUT} AS (SELECT * FROM {changelog_table(target.resource_path)} LIMIT 0) {target.select_sql}"
     if isinstance(store, PostgresServingStore):  # PostgreSQL's types, sizes and modifiers; its errors
+        path = target.resource_path
+        allow_reading(store, [qualified_name(path), changelog_table(path)])  # what the stream reads, as the reader
         with store.reading(None) as conn:
             return describe_columns(conn, sql)[2:]
     with store.cursor() as cursor:

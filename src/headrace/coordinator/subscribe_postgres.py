@@ -8,6 +8,14 @@ booleans and text-like cells are psycopg's values (the same ones); a type headra
 PostgreSQL's text (pgwire sends unknown types as text). A value the codecs cannot hold exactly (an infinite
 timestamp, an interval with months) is refused (0A000), never sent altered.
 
+Privileges: the store's connections are its admin's (a superuser when embedded), so the SELECT around the
+subscriber's expressions runs as `headrace_subscribe_reader` instead (`SET LOCAL ROLE`, with `search_path` pg_catalog
+only): a NOLOGIN role that is never a superuser and may only SELECT the serving relations SUBSCRIBE and indexes read
+(granted as each is first described: `allow_reading`). So `pg_read_file`, `COPY ... PROGRAM` through a user's
+function, `pg_terminate_backend` of others and the like get PostgreSQL's 42501, and a function or operator a user
+created is not found unless schema-qualified, which `check_functions` refuses, as it refuses the built-ins that run a
+query given as text (`query_to_xml`, `ts_stat`, ...), which could read other relations the role may read.
+
 The subscriber's own `SUBSCRIBE (SELECT ... FROM object [WHERE ...])` runs as its text was written
 (`subscriber_select`): its projections and WHERE are spliced verbatim around the object's rows, not regenerated from
 sqlglot's tree, whose round trip can change a statement (`interval '3 days 04:05:06'` came back as `INTERVAL '3
@@ -15,11 +23,13 @@ DAYS'`)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg.types.string import TextLoader
+from sqlglot import exp
 from sqlglot.tokens import TokenType
 
 from headrace.coordinator.responses import Column
@@ -27,6 +37,8 @@ from headrace.errors import FeatureNotSupported, HeadraceError
 from headrace.pgwire import types as pg
 from headrace.sql.parser import Headrace
 from headrace.store.backend import BackendError
+from headrace.store.postgres_roles import _MIRROR_LOCK_KEY as ROLES_LOCK_KEY  # GRANTs on one object serialize
+from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import quote_ident
 
 Row = tuple[Any, ...]
@@ -36,6 +48,15 @@ Decoder = Callable[[Any], Any]
 _PSYCOPG_VALUES = frozenset({pg.INT2, pg.INT4, pg.INT8, pg.BOOL, pg.TEXT, pg.VARCHAR, pg.BPCHAR, pg.NAME, pg.JSON,
                              pg.JSONB})
 _INTERVALS = frozenset({pg.INTERVAL, pg.pg_type(pg.INTERVAL).array_oid})
+READER_ROLE = "headrace_subscribe_reader"
+READER_MARK = "headrace: SUBSCRIBE reader"
+_AS_READER = f"SET LOCAL ROLE {READER_ROLE}; SET LOCAL search_path = pg_catalog"
+# Built-ins that run a query (or read a relation) named in their arguments: they would read past the FROM item.
+QUERYING_FUNCTIONS = frozenset({
+    f"{prefix}_to_{suffix}" for prefix in ("query", "cursor", "table", "schema", "database")
+    for suffix in ("xml", "xmlschema", "xml_and_xmlschema")} | {"ts_stat", "ts_rewrite"})
+_readers_ready: set[str] = set()  # conninfos of stores whose reader role this process has set up
+_readers_lock = threading.Lock()
 _OPENING = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET})
 _CLOSING = frozenset({TokenType.R_PAREN, TokenType.R_BRACKET})
 
@@ -85,6 +106,56 @@ def subscriber_select(query_sql: str, alias: str, input_select: str, data_column
     return f"SELECT {', '.join(items)} FROM ({input_select}) AS {quoted}{where}"
 
 
+def check_functions(query: exp.Expr) -> None:
+    """Refuse what would let the subscriber's SELECT reach past its FROM item on PostgreSQL: a function named with a
+    schema other than pg_catalog (the reader's search_path finds only PostgreSQL's own), and QUERYING_FUNCTIONS."""
+    for node in query.walk():
+        if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Func) \
+                and node.this.name.lower() != "pg_catalog":
+            raise FeatureNotSupported("SUBSCRIBE (SELECT ...) may call PostgreSQL's built-in functions only, not "
+                                      f"{node.sql(dialect='postgres')}")
+        if isinstance(node, exp.Func):
+            name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+            if name.lower() in QUERYING_FUNCTIONS:
+                raise FeatureNotSupported(f"SUBSCRIBE (SELECT ...) cannot call {name.lower()}: it reads "
+                                          "relations other than the one subscribed to")
+
+
+def allow_reading(store: PostgresServingStore, relations: Sequence[str]) -> None:
+    """Let READER_ROLE SELECT these relations (qualified names) of the store: the role is set up once per process
+    and store, then each relation it cannot read yet is granted (a table dropped and created again loses it)."""
+    with store.pool.connection() as conn:
+        with _readers_lock:
+            if store.conninfo not in _readers_ready:
+                _set_up_reader(conn)
+                conn.commit()
+                _readers_ready.add(store.conninfo)
+        checks = ", ".join(["has_table_privilege(%s, %s, 'SELECT')"] * len(relations))
+        allowed = conn.execute(f"SELECT {checks}", [v for r in relations for v in (READER_ROLE, r)]).fetchone()
+        missing = [relation for relation, ok in zip(relations, allowed or (), strict=True) if not ok]
+        if missing:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", [ROLES_LOCK_KEY])
+            conn.execute(f"GRANT SELECT ON {', '.join(missing)} TO {READER_ROLE}")
+            conn.commit()
+
+
+def _set_up_reader(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", [ROLES_LOCK_KEY])
+    found = conn.execute("SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = %s",
+                         [READER_ROLE]).fetchone()
+    if found is None:
+        conn.execute(f"CREATE ROLE {READER_ROLE} NOLOGIN NOINHERIT")
+        conn.execute(f"COMMENT ON ROLE {READER_ROLE} IS '{READER_MARK}'")
+    elif found[0] != READER_MARK:
+        raise HeadraceError(f'role "{READER_ROLE}" exists in the store PostgreSQL and is not headrace\'s',
+                            sqlstate="42710", hint="SUBSCRIBE reads as this role: drop or rename the other one")
+    else:  # never more than a reader, whatever was done to it meanwhile
+        conn.execute(f"ALTER ROLE {READER_ROLE} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+                     "NOBYPASSRLS")
+    conn.execute(f"GRANT USAGE ON SCHEMA headrace_internal, public TO {READER_ROLE}")
+    conn.execute(f"GRANT {READER_ROLE} TO CURRENT_USER")  # SET ROLE needs it unless the admin is a superuser
+
+
 def postgres_error(error: psycopg.Error) -> HeadraceError:
     """PostgreSQL's error as the passthrough reports it (SQLSTATE, message, detail, hint), without its position:
     that points into the SQL headrace composed around the subscriber's SELECT, not into what the client sent."""
@@ -94,10 +165,11 @@ def postgres_error(error: psycopg.Error) -> HeadraceError:
 
 
 def describe_columns(conn: psycopg.Connection[Any], sql: str) -> tuple[Column, ...]:
-    """Every output column of `sql` (run as is: the caller makes it return no rows) with PostgreSQL's type oid,
-    size and modifier, as PostgreSQL's RowDescription gives them."""
+    """Every output column of `sql` (run as READER_ROLE, to the end of the caller's transaction; the caller makes it
+    return no rows) with PostgreSQL's type oid, size and modifier, as PostgreSQL's RowDescription gives them."""
     try:
         with conn.cursor() as cursor:
+            cursor.execute(_AS_READER)
             cursor.execute(sql)
             result = cursor.pgresult
             assert result is not None
@@ -108,11 +180,13 @@ def describe_columns(conn: psycopg.Connection[Any], sql: str) -> tuple[Column, .
 
 
 def fetch_rows(conn: psycopg.Connection[Any], sql: str, columns: Sequence[Column], skip: int) -> list[Row]:
-    """The rows of `sql`, whose first `skip` columns are plain integers (hr_timestamp, hr_diff) and the others
-    `columns`, each value decoded as module docstring says."""
+    """The rows of `sql` (run as READER_ROLE, to the end of the caller's transaction), whose first `skip` columns
+    are plain integers (hr_timestamp, hr_diff) and the others `columns`, each value decoded as the module docstring
+    says."""
     decoders = [_decoder(column) for column in columns]
     try:
         with conn.cursor() as cursor:
+            cursor.execute(_AS_READER)
             for column in columns:
                 if column.type_oid not in _PSYCOPG_VALUES:
                     cursor.adapters.register_loader(column.type_oid, TextLoader)

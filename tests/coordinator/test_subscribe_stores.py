@@ -20,7 +20,7 @@ import pytest
 
 from headrace.coordinator import subscribe
 from headrace.coordinator.responses import Column
-from headrace.coordinator.subscribe_postgres import subscriber_select
+from headrace.coordinator.subscribe_postgres import READER_ROLE, subscriber_select
 from headrace.coordinator.subscribe import (INPUT, Store, SubscribeTarget, SubscriptionStream, describe_target,
                                             output_columns, restrict, view_target)
 from headrace.errors import HeadraceError
@@ -386,3 +386,48 @@ def test_splicing_the_subscribers_text() -> None:
         'SELECT "s".hr_timestamp, "s".hr_diff, extract(year FROM at) FROM (<i>) AS "s"')
     assert subscriber_select("VALUES (1)", "s", "<i>", columns) is None
     assert subscriber_select("SELECT FROM s", "s", "<i>", columns) is None
+
+
+def test_the_subscribers_select_runs_as_an_unprivileged_reader(postgres_store: PostgresServingStore,
+                                                               postgres_committer: Committer,
+                                                               executor: ThreadPoolExecutor) -> None:
+    postgres_committer.commit([row(1)])
+    target = source_target(postgres_store, "SELECT current_user AS who, current_setting('search_path') AS path FROM s")
+    describe_target(postgres_store, target)
+    _, rows = stream(postgres_store, executor, target)._read_snapshot()
+    assert data(rows) == [(1, READER_ROLE, "pg_catalog")]
+    with psycopg.connect(postgres_store.conninfo, autocommit=True) as conn:
+        assert conn.execute("SELECT rolsuper OR rolcanlogin OR rolcreaterole OR rolcreatedb OR rolbypassrls FROM "
+                            "pg_roles WHERE rolname = %s", [READER_ROLE]).fetchone() == (False,)
+        conn.execute("CREATE FUNCTION public.mine(bigint) RETURNS bigint LANGUAGE sql AS 'SELECT $1'")
+    with pytest.raises(HeadraceError) as read_file:  # a superuser's function: the store's admin could
+        describe_target(postgres_store, source_target(postgres_store, "SELECT pg_read_file('/etc/hostname') FROM s"))
+    assert (read_file.value.sqlstate, read_file.value.message) == ("42501",
+                                                                    "permission denied for function pg_read_file")
+    with pytest.raises(HeadraceError) as unqualified:  # only PostgreSQL's own functions are on the search_path
+        describe_target(postgres_store, source_target(postgres_store, "SELECT mine(id) FROM s"))
+    assert unqualified.value.sqlstate == "42883"
+    for refused in ["SELECT public.mine(id) FROM s", "SELECT query_to_xml('SELECT 1', true, true, '') FROM s",
+                    "SELECT id FROM s WHERE table_to_xml('headrace_internal.checkpoints', true, true, '') IS NULL"]:
+        with pytest.raises(HeadraceError) as outside:
+            source_target(postgres_store, refused)
+        assert outside.value.sqlstate == "0A000"
+    pg_catalog = source_target(postgres_store, "SELECT pg_catalog.upper(name) AS up FROM s")
+    assert data(stream(postgres_store, executor, pg_catalog)._read_snapshot()[1]) == [(1, "N1")]
+
+
+def test_cancel_ends_a_running_read(postgres_store: PostgresServingStore, postgres_committer: Committer,
+                                    executor: ThreadPoolExecutor) -> None:
+    postgres_committer.commit([row(1)])
+    reader = stream(postgres_store, executor, source_target(postgres_store,
+                                                            "SELECT id FROM s WHERE pg_sleep(60) IS NOT NULL"))
+
+    async def scenario() -> float:
+        batches = reader.batches()
+        asyncio.get_running_loop().call_later(0.5, reader.cancel)
+        started = time.monotonic()
+        with pytest.raises(StopAsyncIteration):  # ended, not failed
+            await next_batch(batches, timeout=30)
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 10

@@ -16,6 +16,8 @@ UP TO is exclusive (as in Materialize): changes at timestamps < UP TO, then the 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +42,8 @@ from headrace.sql.view_serving import public_relation_sql
 from headrace.store.jsonb import jsonb_text
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import ChangelogCompacted, ServingStore, changelog_table, qualified_name, quote_ident
+
+log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.1
 PROGRESS_INTERVAL_MS = 1000
@@ -226,12 +230,32 @@ class SubscriptionStream:
                        if column.type_oid == pg.JSONB and store.dialect == "duckdb"]
         self._cancelled = asyncio.Event()
         self._stored_columns = [name for name in (store.columns(target.resource_path) or {})]
+        # The PostgreSQL connection a read is running on: cancel() ends its statement (a subscriber's SELECT may
+        # run long, pg_sleep() or a slow function). Cleared under the lock before the connection goes back to the
+        # pool, so a cancel never reaches another reader's statement.
+        self._active: Any = None
+        self._active_lock = threading.Lock()
 
     def cancel(self) -> None:
         self._cancelled.set()
+        if self._active is not None:
+            threading.Thread(target=self._cancel_active, name="subscribe-cancel", daemon=True).start()
+
+    def _cancel_active(self) -> None:
+        with self._active_lock:
+            if self._active is not None:
+                try:
+                    self._active.cancel_safe(timeout=5)
+                except Exception:  # noqa: BLE001 - the read ends by itself then; cancelling is best effort
+                    log.warning("could not cancel a SUBSCRIBE read", exc_info=True)
 
     async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+        except HeadraceError as error:
+            if error.sqlstate == "57014" and self._cancelled.is_set():
+                raise _Stopped from None  # our own cancel() ended the read: the stream just ends
+            raise
 
     async def _sleep(self) -> bool:
         """Wait one poll interval; False once cancelled."""
@@ -242,6 +266,13 @@ class SubscriptionStream:
         return False
 
     async def batches(self) -> AsyncIterator[Sequence[Row]]:
+        try:
+            async for batch in self._batches():
+                yield batch
+        except _Stopped:
+            return
+
+    async def _batches(self) -> AsyncIterator[Sequence[Row]]:
         position: int | None = None
         while position is None:  # an AS OF in the future: wait until the store has passed it
             position, rows = await self._run(self._read_snapshot)
@@ -274,7 +305,13 @@ class SubscriptionStream:
         """One read-only transaction: a DuckDB cursor, or a PostgreSQL connection in REPEATABLE READ."""
         if isinstance(self.store, PostgresServingStore):
             with self.store.reading(None) as conn:
-                yield conn
+                with self._active_lock:
+                    self._active = conn
+                try:
+                    yield conn
+                finally:
+                    with self._active_lock:
+                        self._active = None
             return
         cursor = self.store.cursor()
         try:
@@ -358,6 +395,10 @@ class SubscriptionStream:
 
     def _progress_row(self, frontier: int) -> Row:
         return (Decimal(frontier), True, None, *([None] * self._data_width))
+
+
+class _Stopped(Exception):
+    """A read ended by the stream's own cancel()."""
 
 
 def _now_ms() -> int:

@@ -16,6 +16,9 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
+from psycopg import pq
+from psycopg.adapt import Loader
+from psycopg.types.string import TextLoader
 import pytest
 
 from headrace.coordinator import subscribe
@@ -322,7 +325,8 @@ def test_values_print_as_postgresql_prints_them(postgres_store: PostgresServingS
     outputs = {"id": "id", "doc": "doc", "price": "price", "x": "x", "at": "at", "r": "x::real", "d": "at::date",
                "local": "at::timestamp", "span": "interval '3 days 04:05:06.5'", "prices": "ARRAY[price, 1]",
                "range": "int4range(id::int, 9)", "u": "md5(name)::uuid", "raw": "convert_to(name, 'UTF8')",
-               "nan": "'NaN'::float8"}
+               "nan": "'NaN'::float8", "t": "at::time", "ok": "id > 1", "words": "ARRAY[name, NULL, 'a \"b']",
+               "big": "price * 1e30", "small": "x::real / 3"}
     select = f"SELECT {', '.join(f'{e} AS {n}' for n, e in outputs.items())} FROM s"
     target = source_target(postgres_store, select)
     columns = describe_target(postgres_store, target)
@@ -330,13 +334,37 @@ def test_values_print_as_postgresql_prints_them(postgres_store: PostgresServingS
     _, rows = stream(postgres_store, executor, target)._read_snapshot()
     encoded = sorted(tuple(None if value is None else pg.value_encoder(column.type_oid, pg.TEXT_FORMAT)(value)
                            for value, column in zip(r[2:], columns, strict=True)) for r in rows)
-    with psycopg.connect(postgres_store.conninfo) as conn:  # PostgreSQL's own text of the same SELECT
+    with psycopg.connect(postgres_store.conninfo) as conn:  # PostgreSQL's own output text of the same SELECT
         conn.execute("SET TimeZone = 'UTC'")
-        texts = ", ".join(f"({expression})::text" for expression in outputs.values())
-        expected = sorted(tuple(None if v is None else v.encode() for v in r) for r in conn.execute(
-            f"SELECT {texts} FROM headrace_internal.source_s1").fetchall())
-    assert encoded == expected
+        cursor = conn.cursor()
+        for column in columns:
+            cursor.adapters.register_loader(column.type_oid, TextLoader)
+        expected = sorted(tuple(None if v is None else v.encode() for v in r) for r in cursor.execute(
+            f"{select.replace(' FROM s', ' FROM headrace_internal.source_s1')}").fetchall())
+    for got, wanted in zip(encoded, expected, strict=True):
+        assert dict(zip(outputs, got, strict=True)) == dict(zip(outputs, wanted, strict=True))
+    # and in binary, for every type headrace has a codec for (the others travel as text: pgwire/types)
+    known = [i for i, column in enumerate(columns) if column.type_oid in pg.TYPES]
+    encoded_binary = sorted(tuple(None if r[2 + i] is None else
+                                  pg.value_encoder(columns[i].type_oid, pg.BINARY_FORMAT)(r[2 + i]) for i in known)
+                            for r in rows)
+    with psycopg.connect(postgres_store.conninfo) as conn:
+        cursor = conn.cursor(binary=True)
+        for column in columns:
+            cursor.adapters.register_loader(column.type_oid, _RawBinary)
+        expected_binary = sorted(tuple(r[i] for i in known) for r in cursor.execute(
+            f"{select.replace(' FROM s', ' FROM headrace_internal.source_s1')}").fetchall())
+    for got, wanted in zip(encoded_binary, expected_binary, strict=True):
+        names = [list(outputs)[i] for i in known]
+        assert dict(zip(names, got, strict=True)) == dict(zip(names, wanted, strict=True))
     assert b'{"a": {"z": null}, "b": [1.0, 2]}' in encoded[0] and b"12.30" in encoded[0]
+
+
+class _RawBinary(Loader):
+    format = pq.Format.BINARY
+
+    def load(self, data: Any) -> bytes:
+        return bytes(data)
 
 
 def test_postgresql_errors_keep_their_sqlstate(postgres_store: PostgresServingStore,
@@ -353,8 +381,12 @@ def test_postgresql_errors_keep_their_sqlstate(postgres_store: PostgresServingSt
             ("SELECT 1 / (id - 1) AS q FROM s", "22012", "division by zero"),
             ("SELECT name::int AS n FROM s", "22P02", 'invalid input syntax for type integer: "n1"'),
             ("SELECT 'infinity'::timestamptz AS t FROM s", "0A000",
-             'SUBSCRIBE cannot send the timestamp with time zone value "infinity"'),
-            ("SELECT interval '1 month' AS i FROM s", "0A000", 'SUBSCRIBE cannot send the interval value "1 mon"')]:
+             "SUBSCRIBE cannot send a value PostgreSQL printed: timestamp too large (after year 10K): 'infinity'"),
+            ("SELECT ARRAY['-infinity'::date] AS t FROM s", "0A000",
+             'SUBSCRIBE cannot send the date[] value "{-infinity}"'),
+            ("SELECT interval '1 month' AS i FROM s", "0A000", 'SUBSCRIBE cannot send the interval value "1 mon"'),
+            ("SELECT '-3 days +04:05:06'::interval AS i FROM s", "0A000",
+             'SUBSCRIBE cannot send the interval value "-3 days +04:05:06"')]:
         reader = stream(postgres_store, executor, source_target(postgres_store, select))
         with pytest.raises(HeadraceError) as failed:
             reader._read_snapshot()

@@ -440,7 +440,8 @@ def test_the_subscribers_select_runs_as_an_unprivileged_reader(postgres_store: P
         describe_target(postgres_store, source_target(postgres_store, "SELECT mine(id) FROM s"))
     assert unqualified.value.sqlstate == "42883"
     for refused in ["SELECT public.mine(id) FROM s", "SELECT query_to_xml('SELECT 1', true, true, '') FROM s",
-                    "SELECT id FROM s WHERE table_to_xml('headrace_internal.checkpoints', true, true, '') IS NULL"]:
+                    "SELECT id FROM s WHERE table_to_xml('headrace_internal.checkpoints', true, true, '') IS NULL",
+                    "SELECT pg_advisory_lock(id) FROM s"]:
         with pytest.raises(HeadraceError) as outside:
             source_target(postgres_store, refused)
         assert outside.value.sqlstate == "0A000"

@@ -14,7 +14,8 @@ only): a NOLOGIN role that is never a superuser and may only SELECT the serving 
 (granted as each is first described: `allow_reading`). So `pg_read_file`, `COPY ... PROGRAM` through a user's
 function, `pg_terminate_backend` of others and the like get PostgreSQL's 42501, and a function or operator a user
 created is not found unless schema-qualified, which `check_functions` refuses, as it refuses the built-ins that run a
-query given as text (`query_to_xml`, `ts_stat`, ...), which could read other relations the role may read.
+query given as text (`query_to_xml`, `ts_stat`, ...), which could read other relations the role may read, and
+session-level advisory locks (the pooled connection would keep them).
 
 The subscriber's own `SUBSCRIBE (SELECT ... FROM object [WHERE ...])` runs as its text was written
 (`subscriber_select`): its projections and WHERE are spliced verbatim around the object's rows, not regenerated from
@@ -54,10 +55,16 @@ _INTERVALS = frozenset({pg.INTERVAL, pg.pg_type(pg.INTERVAL).array_oid})
 READER_ROLE = "headrace_subscribe_reader"
 READER_MARK = "headrace: SUBSCRIBE reader"
 _AS_READER = f"SET LOCAL ROLE {READER_ROLE}; SET LOCAL search_path = pg_catalog"
-# Built-ins that run a query (or read a relation) named in their arguments: they would read past the FROM item.
-QUERYING_FUNCTIONS = frozenset({
-    f"{prefix}_to_{suffix}" for prefix in ("query", "cursor", "table", "schema", "database")
-    for suffix in ("xml", "xmlschema", "xml_and_xmlschema")} | {"ts_stat", "ts_rewrite"})
+# Built-ins refused in a subscriber's SELECT: those that run a query (or read a relation) named in their arguments
+# would read past the FROM item; a session-level advisory lock would outlive the read on the pooled connection.
+_READS_BY_NAME = "it reads relations other than the one subscribed to"
+_OUTLIVES_THE_READ = "its lock would outlive the read"
+REFUSED_FUNCTIONS = {
+    **{f"{prefix}_to_{suffix}": _READS_BY_NAME for prefix in ("query", "cursor", "table", "schema", "database")
+       for suffix in ("xml", "xmlschema", "xml_and_xmlschema")},
+    "ts_stat": _READS_BY_NAME, "ts_rewrite": _READS_BY_NAME,
+    **{name: _OUTLIVES_THE_READ for name in ("pg_advisory_lock", "pg_advisory_lock_shared", "pg_try_advisory_lock",
+                                             "pg_try_advisory_lock_shared")}}
 _readers_ready: set[str] = set()  # conninfos of stores whose reader role this process has set up
 _readers_lock = threading.Lock()
 _OPENING = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET})
@@ -110,8 +117,9 @@ def subscriber_select(query_sql: str, alias: str, input_select: str, data_column
 
 
 def check_functions(query: exp.Expr) -> None:
-    """Refuse what would let the subscriber's SELECT reach past its FROM item on PostgreSQL: a function named with a
-    schema other than pg_catalog (the reader's search_path finds only PostgreSQL's own), and QUERYING_FUNCTIONS."""
+    """Refuse what would let the subscriber's SELECT reach past its FROM item or its read on PostgreSQL: a function
+    named with a schema other than pg_catalog (the reader's search_path finds only PostgreSQL's own), and
+    REFUSED_FUNCTIONS."""
     for node in query.walk():
         if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Func) \
                 and node.this.name.lower() != "pg_catalog":
@@ -119,9 +127,9 @@ def check_functions(query: exp.Expr) -> None:
                                       f"{node.sql(dialect='postgres')}")
         if isinstance(node, exp.Func):
             name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
-            if name.lower() in QUERYING_FUNCTIONS:
-                raise FeatureNotSupported(f"SUBSCRIBE (SELECT ...) cannot call {name.lower()}: it reads "
-                                          "relations other than the one subscribed to")
+            reason = REFUSED_FUNCTIONS.get(name.lower())
+            if reason is not None:
+                raise FeatureNotSupported(f"SUBSCRIBE (SELECT ...) cannot call {name.lower()}: {reason}")
 
 
 def allow_reading(store: PostgresServingStore, relations: Sequence[str]) -> None:

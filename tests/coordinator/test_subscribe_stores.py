@@ -445,6 +445,10 @@ def test_the_subscribers_select_runs_as_an_unprivileged_reader(postgres_store: P
         with pytest.raises(HeadraceError) as outside:
             source_target(postgres_store, refused)
         assert outside.value.sqlstate == "0A000"
+    gone = SubscribeTarget(("headrace_internal", "source_gone"), "source_gone", "SELECT * FROM __hr_input")
+    with pytest.raises(HeadraceError) as missing_table:
+        describe_target(postgres_store, gone)
+    assert missing_table.value.sqlstate == "42P01"
     pg_catalog = source_target(postgres_store, "SELECT pg_catalog.upper(name) AS up FROM s")
     assert data(stream(postgres_store, executor, pg_catalog)._read_snapshot()[1]) == [(1, "N1")]
 

@@ -136,18 +136,21 @@ def allow_reading(store: PostgresServingStore, relations: Sequence[str]) -> None
     """Let READER_ROLE SELECT these relations (qualified names) of the store: the role is set up once per process
     and store, then each relation it cannot read yet is granted (a table dropped and created again loses it)."""
     with store.pool.connection() as conn:
-        with _readers_lock:
-            if store.conninfo not in _readers_ready:
-                _set_up_reader(conn)
+        try:
+            with _readers_lock:
+                if store.conninfo not in _readers_ready:
+                    _set_up_reader(conn)
+                    conn.commit()
+                    _readers_ready.add(store.conninfo)
+            checks = ", ".join(["has_table_privilege(%s, %s, 'SELECT')"] * len(relations))
+            allowed = conn.execute(f"SELECT {checks}", [v for r in relations for v in (READER_ROLE, r)]).fetchone()
+            missing = [relation for relation, ok in zip(relations, allowed or (), strict=True) if not ok]
+            if missing:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [ROLES_LOCK_KEY])
+                conn.execute(f"GRANT SELECT ON {', '.join(missing)} TO {READER_ROLE}")
                 conn.commit()
-                _readers_ready.add(store.conninfo)
-        checks = ", ".join(["has_table_privilege(%s, %s, 'SELECT')"] * len(relations))
-        allowed = conn.execute(f"SELECT {checks}", [v for r in relations for v in (READER_ROLE, r)]).fetchone()
-        missing = [relation for relation, ok in zip(relations, allowed or (), strict=True) if not ok]
-        if missing:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", [ROLES_LOCK_KEY])
-            conn.execute(f"GRANT SELECT ON {', '.join(missing)} TO {READER_ROLE}")
-            conn.commit()
+        except psycopg.Error as error:  # e.g. 42P01: the relation's table is gone
+            raise postgres_error(error) from None
 
 
 def _set_up_reader(conn: psycopg.Connection[Any]) -> None:

@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="the store PostgreSQL: a postgresql:// URL of an existing server (its role needs CREATEROLE "
                          "and to own the URL's database; docs/store.md), or by default (also env HEADRACE_STORE) a "
                          "private PostgreSQL 15 cluster run by headrace under <data-dir>/postgres")
+    up.add_argument("--serving-store", choices=("duckdb", "postgres"),
+                    default=os.environ.get("HEADRACE_SERVING_STORE") or "duckdb",
+                    help="where sources', tables' and views' rows are kept: the DuckDB file <data-dir>/store.duckdb "
+                         "(default) or the store PostgreSQL, where SELECTs over them then run (also env "
+                         "HEADRACE_SERVING_STORE; docs/store.md)")
     up.add_argument("--store-threads", type=int, default=None,
                     help="DuckDB worker threads of the serving store (default: one per core but one, which is left "
                          "to the server's event loop)")
@@ -155,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
                              webhook=webhook_settings, http=http_settings, store_threads=args.store_threads,
                              pg_limits=pg_limits_config, max_statement_bytes=args.max_statement_bytes,
                              insecure=args.insecure, allow_commands=tuple(args.allow_commands),
-                             allow_directories=tuple(args.allow_directories), store_url=args.store))
+                             allow_directories=tuple(args.allow_directories), store_url=args.store,
+                             serving_store=args.serving_store))
         except (DataDirLocked, InsecureConfiguration, StoreUnavailable) as exc:
             print(f"headrace: {exc}", file=sys.stderr)
             sys.exit(1)

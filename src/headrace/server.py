@@ -26,7 +26,8 @@ from headrace.coordinator.sources import DataLayout, SourceResources
 from headrace.http.app import ServerState, make_app, run_http
 from headrace.http.settings import HttpSettings
 from headrace.http.sql_api import set_sql_adapter
-from headrace.materialize.driver import start_driver_server
+from headrace.materialize.driver import Connector, TransactorFactory, start_driver_server
+from headrace.materialize.drivers.postgres_serving import PostgresServingConnector, PostgresServingTransactor
 from headrace.materialize.drivers.serving import ServingConnector, ServingTransactor
 from headrace.pgwire.auth import insecure_trust_rules, parse_auth_rules
 from headrace.pgwire.limits import PgLimits, raise_open_file_limit
@@ -38,6 +39,7 @@ from headrace.sql.ddl import item_from_create_sql
 from headrace.sql.limits import DEFAULT_MAX_STATEMENT_BYTES
 from headrace.store.postgres_server import PostgresStore
 from headrace.store.query import STATIC_SETTINGS
+from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import ServingStore
 from headrace.store.system_tables import SystemTables
 from headrace.webhook.ingest import IngestRegistry, IngestSettings
@@ -66,6 +68,8 @@ class ServerConfig:
     allow_directories: tuple[str, ...] = ()
     # The store PostgreSQL (docs/store.md): None runs a private cluster under <data_dir>/postgres; a URL uses that server.
     store_url: str | None = None
+    # Where sources', tables' and views' rows live: "duckdb" (<data_dir>/store.duckdb) or "postgres" (the store PostgreSQL).
+    serving_store: str = "duckdb"
 
 
 class DataDirLocked(Exception):
@@ -88,7 +92,7 @@ CHANGELOG_RETENTION_MS = 600_000  # SUBSCRIBE ... AS OF may reach 10 minutes bac
 CHANGELOG_COMPACTION_INTERVAL_S = 60.0
 
 
-async def _compact_changelogs_periodically(store: ServingStore, executor: ThreadPoolExecutor,
+async def _compact_changelogs_periodically(store: ServingStore | PostgresServingStore, executor: ThreadPoolExecutor,
                                           holds: Callable[[], dict[str, int]]) -> None:
     """Keep the changelogs SUBSCRIBE reads bounded: drop changes older than the retention, except those a sink
     has yet to send (`holds`)."""
@@ -179,7 +183,12 @@ def _start_store(postgres: PostgresStore, roles: RoleCatalog) -> None:
 async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, roles: RoleCatalog,
                  postgres: PostgresStore, postgres_started: asyncio.Future[None]) -> None:
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headrace-store")
-    store = ServingStore(layout.store_file, threads=config.store_threads)
+    store: ServingStore | PostgresServingStore
+    if config.serving_store == "postgres":
+        await postgres_started  # the serving store's rows live in it
+        store = await asyncio.to_thread(PostgresServingStore, postgres.admin_conninfo)
+    else:
+        store = ServingStore(layout.store_file, threads=config.store_threads)
     registry = IngestRegistry(config.webhook)
     # HTTP first: webhooks get 503 + Retry-After while the sources (and their indexes) open.
     web_state = ServerState()
@@ -195,8 +204,9 @@ async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, 
     # The pipeline's commits are applied in threads of their own, a little below the event loop (APPLY_NICENESS).
     apply_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="headrace-apply",
                                         initializer=lower_apply_thread_priority)
-    driver_server = await start_driver_server("127.0.0.1", 0, lambda _open: ServingTransactor(store),
-                                              executor=apply_executor, connector=ServingConnector(store))
+    transactor_factory, connector = _serving_driver(store)
+    driver_server = await start_driver_server("127.0.0.1", 0, transactor_factory, executor=apply_executor,
+                                              connector=connector)
     driver_address = driver_server.sockets[0].getsockname()[:2]
     supervisor = PipelineSupervisor(layout.root, config.spark_master, driver_address)
     host_access = HostAccess.from_options(config.allow_commands, config.allow_directories, layout.root)
@@ -243,6 +253,15 @@ async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, 
         executor.shutdown(wait=True)
         apply_executor.shutdown(wait=True)
         store.close()
+
+
+def _serving_driver(store: ServingStore | PostgresServingStore) -> tuple[TransactorFactory, Connector]:
+    """The transactor factory and connector of the serving store's driver (one driver per store kind)."""
+    if isinstance(store, PostgresServingStore):
+        postgres_store = store
+        return (lambda _open: PostgresServingTransactor(postgres_store)), PostgresServingConnector(postgres_store)
+    duckdb_store = store
+    return (lambda _open: ServingTransactor(duckdb_store)), ServingConnector(duckdb_store)
 
 
 def _print_banner(config: ServerConfig, layout: DataLayout, postgres: PostgresStore) -> None:

@@ -44,9 +44,12 @@ from headrace.coordinator.passthrough import (
     Passthrough,
     is_temporary_table,
     mentions_headrace,
+    reads_catalog,
+    reads_headrace_only,
     store_setting,
     takes_unparsed,
 )
+from headrace.coordinator.store_grants import StoreGrants
 from headrace.coordinator.subscribe import Subscriptions
 from headrace.coordinator.fast_path import FastPath, FastStatement
 from headrace.coordinator import indexes as index_ddl
@@ -115,11 +118,11 @@ class Coordinator:
             else view_lookup(schema, name))
         self.session_sql = SessionStatements(self, self.tables)
         # pg_catalog / information_schema generated from the catalog and roles (catalog/system)
-        self.system_catalog = SystemCatalog(resources.store, lambda: [*catalog.sources(), *catalog.tables(), *catalog.views()],
+        self.system_catalog = SystemCatalog(resources.query_store, lambda: [*catalog.sources(), *catalog.tables(), *catalog.views()],
                                             roles=self.roles.list_roles)
         # SELECT fast path: plans by text (valid while the catalog is unchanged), pooled cursors
         self.plan_cache = PlanCache(lambda: catalog.generation)  # every catalog change invalidates cached plans
-        self.cursors = CursorPool(resources.store)
+        self.cursors = CursorPool(resources.query_store)
         # SUBSCRIBE over the serving store's changelogs (coordinator/subscribe.py)
         self.subscriptions = Subscriptions(resources.store, executor, catalog, self.views.plan)
         # CREATE / DROP / SHOW INDEX[ES]: in-memory arrangements answering point lookups (coordinator/fast_path.py)
@@ -139,6 +142,12 @@ class Coordinator:
         # PostgreSQL's statements (not headrace's own) run on the store PostgreSQL (coordinator/passthrough.py)
         self.postgres = postgres
         self.passthrough = Passthrough(postgres, self.privileges.is_superuser) if postgres is not None else None
+        # Sources', tables' and views' rows in the store PostgreSQL: queries over them run there (docs/store.md)
+        self.serving_on_postgres = resources.store.dialect == "postgres"
+        # ... where PostgreSQL enforces headrace's SELECT privileges on them too (coordinator/store_grants.py)
+        self.store_grants = (StoreGrants(catalog, self.roles, resources.store,  # type: ignore[arg-type]
+                                         lambda role, superuser: postgres.ensure_role(role, superuser=superuser))
+                             if self.serving_on_postgres and postgres is not None else None)
 
     # ---- prepare ------------------------------------------------------------------------------
     async def prepare(self, session: Session, name: str, sql: str, param_types: Sequence[int],
@@ -165,8 +174,14 @@ class Coordinator:
                 self.passthrough.routes.remember(fingerprint, sql)
                 return await self.passthrough.prepare(session, sql, param_types, None, describe=describe)
         if self.passthrough is not None and self._is_postgres_statement(ast):
-            self.passthrough.routes.remember(fingerprint, sql)
-            return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
+            # Over headrace's relations (kept in the store PostgreSQL): headrace checks them at execute, so the
+            # statement's shape is not remembered (that would skip the checks next time).
+            reads = self._headrace_relations_read(ast) if self.serving_on_postgres else ()
+            if not reads:
+                self.passthrough.routes.remember(fingerprint, sql)
+            statement = await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
+            statement.store_reads = reads
+            return statement
         if self.passthrough is not None and store_setting(session, ast):
             return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
         if self.passthrough is not None and (refusal := self._table_only_the_store_keeps(ast, sql)) is not None:
@@ -184,7 +199,7 @@ class Coordinator:
             plan = (await off_loop(plan_select, ast, self._relation_exists, param_types) if parsed_off_loop
                     else plan_select(ast, self._relation_exists, param_types))
             if plan.param_probe is not None:  # `k = $1`: $1 takes k's type, as in PostgreSQL
-                inferred = await self._run(probe_parameter_types, self.resources.store, plan, param_types)
+                inferred = await self._run(probe_parameter_types, self.resources.query_store, plan, param_types)
                 if inferred is not None:
                     plan = plan_select(ast, self._relation_exists, inferred)
             if plan.reads_system_catalog:
@@ -192,9 +207,9 @@ class Coordinator:
             unbound = plan
             if self.system_tables is not None:
                 plan = self.system_tables.bind(plan)
-                columns = await self._run(self.system_tables.describe, self.resources.store, plan)
+                columns = await self._run(self.system_tables.describe, self.resources.query_store, plan)
             else:
-                columns = await self._run(describe_query, self.resources.store, plan)
+                columns = await self._run(describe_query, self.resources.query_store, plan)
             statement = PreparedStatement(sql, ast, StatementDescription(plan.param_types, columns), plan)
             # A large statement (parsed off the loop) is neither a point lookup nor worth a cache entry's memory, and
             # learning its shape would walk its whole tree on the event loop.
@@ -248,7 +263,36 @@ class Coordinator:
             return isinstance(ast, exp.Create) and not mentions_headrace(ast, self._relation_named)
         if is_create_table(ast) and not is_temporary_table(ast) and ast.expression is None:
             return False  # a headrace table: its writes feed the pipeline
+        if self.serving_on_postgres:
+            return self._store_answers(ast)
         return not mentions_headrace(ast, self._relation_named)
+
+    def _store_answers(self, ast: exp.Expr) -> bool:
+        """With the PostgreSQL serving store (headrace's relations are real relations there), whether PostgreSQL
+        runs `ast` (not one of headrace's own statements): anything but a write to headrace's relations (headrace's:
+        a table's writes feed the pipeline) and a statement over headrace's system relations (headrace_internal,
+        mz_*); pg_catalog and information_schema are PostgreSQL's own, describing the real relations. A statement
+        that needs headrace only for a function of its session or catalog (`SELECT pg_backend_pid()`) stays
+        headrace's, as without the PostgreSQL serving store."""
+        if is_write(ast):
+            try:
+                target = write_target(ast)
+            except HeadraceError:
+                target = None  # not a plain table name: PostgreSQL's to judge
+            if target is not None and self._relation_named(target.schema or "public", target.name):
+                return False
+        if reads_headrace_only(ast):
+            return False
+        if reads_catalog(ast) or self._headrace_relations_read(ast):
+            return True
+        return not mentions_headrace(ast, self._relation_named)
+
+    def _headrace_relations_read(self, ast: exp.Expr) -> tuple[tuple[str | None, str], ...]:
+        ctes = {cte.alias_or_name.lower() for cte in ast.find_all(exp.CTE)}
+        return tuple(dict.fromkeys(
+            (table.db or None, table.name) for table in referenced_tables(ast)
+            if not (not table.db and table.name.lower() in ctes)
+            and self._relation_exists(table.db or "public", table.name)))
 
     def _table_only_the_store_keeps(self, ast: exp.Expr, sql: str) -> str | None:
         """A CREATE TABLE headrace's tables cannot keep (SERIAL, UNIQUE, CHECK, a DEFAULT it cannot evaluate, ...)
@@ -299,6 +343,13 @@ class Coordinator:
                                 sqlstate=AbortedTransaction)
         if statement.backend:  # PostgreSQL's statement (coordinator/passthrough.py)
             assert self.passthrough is not None
+            if statement.store_reads:  # headrace's relations, kept in the store PostgreSQL
+                self.privileges.require_relations(session.user, statement.store_reads)
+                await self._sync_store_grants()
+                if session.in_block:
+                    self.tables.refuse_read_of_own_writes(session, statement.sql)
+                await self.tables.wait_visible(statement.sql, cancel=cancel,
+                                               statement_timeout_s=statement_timeout_s(session.variables))
             response = await self.passthrough.execute(session, portal, cancel)
             if isinstance(response, SendingRows):
                 return _next_rows(portal, max_rows, tag_verb=response.tag_verb, tag=response.tag)
@@ -343,6 +394,7 @@ class Coordinator:
                 response = await self._execute_command(session, ast, statement.sql)
         finally:
             CREATING_ROLE.reset(creating)
+        await self._sync_store_grants()  # a relation created or dropped, a GRANT, a role changed
         if isinstance(response, SendingRows):
             portal.columns, portal.pending_rows = response.columns, list(response.rows)
             return _next_rows(portal, max_rows, tag_verb=response.tag_verb)
@@ -403,12 +455,16 @@ class Coordinator:
         items = [*self.catalog.sources(), *self.catalog.tables(), *self.catalog.views()]
         return any(item.schema.lower() == schema.lower() and item.name.lower() == folded for item in items)
 
+    async def _sync_store_grants(self) -> None:
+        if self.store_grants is not None and not self.store_grants.up_to_date():
+            await self._run(self.store_grants.sync)
+
     async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
 
     async def _run_cancellable(self, cancel: asyncio.Event, plan: Any, params: Sequence[Any]) -> tuple[Any, Any]:
         reusable = reusable_cursor(plan)
-        cursor = self.cursors.acquire() if reusable else self.resources.store.cursor()
+        cursor = self.cursors.acquire() if reusable else self.resources.query_store.cursor()
         if runs_inline(plan):
             try:
                 return run_query(cursor, plan, params)

@@ -40,6 +40,9 @@ RelationExists = Callable[[str, str], bool]
 # names PostgreSQL would find in pg_catalog first.
 _HEADRACE_SCHEMAS = frozenset({"pg_catalog", "information_schema", "headrace_internal", "mz_catalog",
                                "mz_internal"})
+# What stays headrace's when its relations live in the store PostgreSQL (pg_catalog and information_schema are then
+# PostgreSQL's own, describing the real relations).
+_HEADRACE_ONLY_SCHEMAS = frozenset({"headrace_internal", "mz_catalog", "mz_internal"})
 # Functions whose answer depends on headrace's catalog or session, not on PostgreSQL's.
 _HEADRACE_FUNCTIONS = frozenset({
     "current_setting", "set_config", "version", "current_version", "current_database", "current_catalog", "pg_backend_pid", "pg_cancel_backend", "pg_terminate_backend",
@@ -77,6 +80,24 @@ def mentions_headrace(ast: exp.Expr, relation_exists: RelationExists) -> bool:
             return True
     for cast in ast.find_all(exp.Cast):
         if cast.to.sql().lower().startswith("reg"):
+            return True
+    return False
+
+
+def reads_headrace_only(ast: exp.Expr) -> bool:
+    """Whether `ast` reads a schema only headrace answers for even when the serving store is PostgreSQL (its
+    system relations in headrace_internal, Materialize's mz_catalog / mz_internal)."""
+    return any(table.name and table.db and table.db.lower() in _HEADRACE_ONLY_SCHEMAS for table in ast.find_all(exp.Table))
+
+
+def reads_catalog(ast: exp.Expr) -> bool:
+    """Whether `ast` reads pg_catalog or information_schema (qualified, or an unqualified pg_* relation)."""
+    ctes = {cte.alias_or_name.lower() for cte in ast.find_all(exp.CTE)}
+    for table in ast.find_all(exp.Table):
+        schema = table.db.lower() if table.db else ""
+        if schema in ("pg_catalog", "information_schema"):
+            return True
+        if not schema and table.name.lower().startswith("pg_") and table.name.lower() not in ctes:
             return True
     return False
 

@@ -44,6 +44,9 @@ class PreparedStatement:
     plan: SelectPlan | None = None
     backend: bool = False  # PostgreSQL's statement, run on the session's store backend (coordinator/passthrough.py)
     notice: str | None = None  # said with its result (a table only the store PostgreSQL keeps)
+    # A backend statement over headrace's relations (the PostgreSQL serving store): they are checked (privileges,
+    # read-your-writes) before PostgreSQL runs it.
+    store_reads: tuple[tuple[str | None, str], ...] = ()
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from headrace.catalog.items import WebhookSource
 from headrace.materialize.sources import source_binding
+from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import ServingStore
 from headrace.webhook.ingest import IngestRegistry
 
@@ -33,10 +34,13 @@ class DataLayout:
 
 
 class SourceResources:
-    def __init__(self, layout: DataLayout, store: ServingStore, registry: IngestRegistry,
+    def __init__(self, layout: DataLayout, store: ServingStore | PostgresServingStore, registry: IngestRegistry,
                  executor: ThreadPoolExecutor) -> None:
         self.layout = layout
         self.store = store
+        # Where headrace answers the queries it keeps (its catalog emulation, system relations, session functions):
+        # the serving store itself when it is DuckDB; with the PostgreSQL one, a DuckDB in memory holding no rows.
+        self.query_store = store if isinstance(store, ServingStore) else ServingStore(Path(":memory:"), threads=1)
         self.registry = registry
         self.executor = executor
 
@@ -55,8 +59,7 @@ class SourceResources:
         self.store.apply(binding)
         schema, table = binding.resource_path
         columns = ", ".join(f'"{column}"' for column in source.column_names())
-        with self.store.cursor() as cursor:
-            cursor.execute(f'CREATE OR REPLACE VIEW public."{source.name}" AS SELECT {columns} FROM "{schema}"."{table}"')
+        self.store.execute(f'CREATE OR REPLACE VIEW public."{source.name}" AS SELECT {columns} FROM "{schema}"."{table}"')
 
     async def remove(self, source: WebhookSource) -> None:
         await self.registry.remove(source.database, source.schema, source.name)
@@ -64,8 +67,7 @@ class SourceResources:
 
     def _remove_files(self, source: WebhookSource) -> None:
         binding = source_binding(source)
-        with self.store.cursor() as cursor:
-            cursor.execute(f'DROP VIEW IF EXISTS public."{source.name}"')
+        self.store.execute(f'DROP VIEW IF EXISTS public."{source.name}"')
         self.store.drop(binding.resource_path)
         shutil.rmtree(self.layout.source_log(source), ignore_errors=True)
         shutil.rmtree(self.layout.pipeline_checkpoint(source.materialization), ignore_errors=True)

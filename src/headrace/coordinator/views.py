@@ -34,6 +34,7 @@ from headrace.sql.view_serving import (
     INTERNAL_SCHEMA,
     VIEW_SCHEMAS_DDL,
     VIEW_SCHEMAS_TABLE,
+    VIEW_SCHEMAS_UPDATE,
     public_relation_sql,
     view_binding,
     view_schema_row,
@@ -46,6 +47,7 @@ from headrace.sql.views import (
     is_create_materialized_view,
     view_name,
 )
+from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore
 
 log = logging.getLogger(__name__)
@@ -66,7 +68,7 @@ def handles(ast: exp.Expr) -> bool:
 
 
 class ViewDdl:
-    def __init__(self, catalog: Catalog, store: ServingStore, executor: ThreadPoolExecutor, ddl_lock: asyncio.Lock,
+    def __init__(self, catalog: Catalog, store: ServingStore | PostgresServingStore, executor: ThreadPoolExecutor, ddl_lock: asyncio.Lock,
                  pipeline_checkpoints: Path | None = None,
                  on_views_changed: Callable[[list[MaterializedView]], None] | None = None) -> None:
         self.catalog = catalog
@@ -78,8 +80,7 @@ class ViewDdl:
         self._plans: dict[str, ViewPlan] = {}
         # Sinks reading relations (coordinator/sinks.py): DROP refuses, or drops them with CASCADE.
         self.sinks: Any = None
-        with store.cursor() as cursor:
-            cursor.execute(VIEW_SCHEMAS_DDL)
+        store.execute(VIEW_SCHEMAS_DDL)
 
     # ---- the dependency graph -----------------------------------------------------------------
     def lookup(self, schema: str, name: str) -> InputRelation | None:
@@ -168,10 +169,9 @@ class ViewDdl:
                               f"{reason}",
                               hint="define the inner view without it (HAVING and expressions over aggregates can "
                                    "go in the outer view), or define the view over the source directly")
-        with self.store.cursor() as cursor:  # a view over a view is not backfilled (docs/views.md): refuse, not miss
-            holds_rows = cursor.execute(
-                f'SELECT count(*) > 0 FROM {INTERNAL_SCHEMA}."{upstream.materialization}"').fetchone()
-        if holds_rows and holds_rows[0]:
+        # a view over a view is not backfilled (docs/views.md): refuse, not miss
+        holds_rows = self.store.execute(f'SELECT count(*) > 0 FROM {INTERNAL_SCHEMA}."{upstream.materialization}"')
+        if holds_rows and holds_rows[0][0]:
             raise ViewRefused(f'materialized view "{name}" cannot read materialized view "{upstream.name}" '
                               "once it holds rows: a view over a view is not backfilled yet",
                               hint="create the outer view before data arrives, or define it over the source")
@@ -265,10 +265,9 @@ class ViewDdl:
         """Create the view's table, public relation and schema row if missing (idempotent)."""
         plan = self.plan(view)
         self.store.apply(view_binding(plan, view.id))
-        with self.store.cursor() as cursor:
-            cursor.execute(public_relation_sql(plan, view.id))
-            cursor.execute(f"INSERT OR REPLACE INTO {VIEW_SCHEMAS_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                           list(view_schema_row(plan, view.id)))
+        self.store.execute(public_relation_sql(plan, view.id, dialect=self.store.dialect),
+                           (f"INSERT INTO {VIEW_SCHEMAS_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
+                            f"SET {VIEW_SCHEMAS_UPDATE}", view_schema_row(plan, view.id)))
 
     def ensure_all(self) -> None:
         """Start-up: every view's resources, inputs before the views reading them."""
@@ -279,10 +278,9 @@ class ViewDdl:
                 log.error("materialized view %s: cannot restore its resources: %s", view.name, exc.message)
 
     def remove_resources(self, view: MaterializedView) -> None:
-        with self.store.cursor() as cursor:
-            cursor.execute(f'DROP VIEW IF EXISTS {view.schema}."{view.name}"')
-            cursor.execute(f"DELETE FROM {VIEW_SCHEMAS_TABLE} WHERE id = ?", [view.id])
-            cursor.execute(f"DELETE FROM {CHECKPOINTS_TABLE} WHERE materialization = ?", [view.materialization])
+        self.store.execute(f'DROP VIEW IF EXISTS {view.schema}."{view.name}"',
+                           (f"DELETE FROM {VIEW_SCHEMAS_TABLE} WHERE id = ?", [view.id]),
+                           (f"DELETE FROM {CHECKPOINTS_TABLE} WHERE materialization = ?", [view.materialization]))
         self.store.drop((INTERNAL_SCHEMA, view.materialization))
         if self._pipeline_checkpoints is not None:
             shutil.rmtree(self._pipeline_checkpoints / view.materialization, ignore_errors=True)

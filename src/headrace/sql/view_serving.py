@@ -21,6 +21,8 @@ VIEW_SCHEMAS_TABLE = f"{INTERNAL_SCHEMA}.view_schemas"
 VIEW_SCHEMAS_DDL = (f"CREATE TABLE IF NOT EXISTS {VIEW_SCHEMAS_TABLE} (id VARCHAR PRIMARY KEY, schema VARCHAR, "
                     "name VARCHAR, input VARCHAR, aggregating BOOLEAN, append_only BOOLEAN, "
                     "stored_fields VARCHAR, reduce_schema JSON)")
+VIEW_SCHEMAS_UPDATE = ", ".join(f"{column} = excluded.{column}" for column in (
+    "schema", "name", "input", "aggregating", "append_only", "stored_fields", "reduce_schema"))  # ON CONFLICT (id)
 
 # PostgreSQL type -> the serving store's column type (the driver's supported set).
 _STORED = {"int2": "INTEGER", "int4": "INTEGER", "int8": "BIGINT", "float4": "DOUBLE", "float8": "DOUBLE",

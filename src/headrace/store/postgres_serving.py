@@ -54,6 +54,7 @@ from headrace.store.serving import (
     CommitClock,
     ChangelogCompacted,
     Snapshot,
+    Statement,
     changelog_name,
     changelog_table,
     qualified_name,
@@ -195,6 +196,26 @@ class PostgresServingStore(CommitClock):
         self._last_timestamp = int(row[0]) if row and row[0] is not None else 0
         self.commit_count = 0  # data commits so far (note_committed), as store/serving.py keeps it
         self._commit_listeners: list[Callable[[], None]] = []
+
+    def execute(self, *statements: Statement) -> list[tuple[Any, ...]]:
+        """Run `statements` (SQL, or SQL and its `?` parameters, as ServingStore.execute takes them) in one
+        transaction; the last one's rows. A PostgreSQL error is a HeadraceError with PostgreSQL's SQLSTATE."""
+        with self.pool.connection() as conn:
+            rows: list[tuple[Any, ...]] = []
+            try:
+                for statement in statements:
+                    sql, parameters = (statement, ()) if isinstance(statement, str) else statement
+                    if parameters:  # `?` as psycopg spells it; a literal % must then be doubled
+                        sql = sql.replace("%", "%%").replace("?", "%s")
+                    with conn.cursor() as cursor:
+                        cursor.execute(sql, list(parameters) or None)
+                        rows = cursor.fetchall() if cursor.description else []
+                conn.commit()
+            except psycopg.Error as exc:
+                conn.rollback()
+                raise HeadraceError(str(exc.diag.message_primary or exc),
+                                    sqlstate=exc.sqlstate or "XX000") from exc
+            return rows
 
     # ------------------------------------------------------------------------------------------ resources
 

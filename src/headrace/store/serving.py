@@ -49,6 +49,9 @@ SUPPORTED_TYPES = frozenset({"VARCHAR", "JSON", "TIMESTAMPTZ", "BIGINT", "INTEGE
 _CATALOG_TYPE_NAMES = {"TIMESTAMP WITH TIME ZONE": "TIMESTAMPTZ"}
 
 
+Statement = str | tuple[str, Sequence[Any]]  # SQL, or SQL and its `?` parameters (ServingStore.execute)
+
+
 class ChangelogCompacted(HeadraceError):
     """Changes older than the changelog's retention were asked for: the reader must start from a snapshot."""
 
@@ -190,6 +193,24 @@ class ServingStore(CommitClock):
             cursor = self._connection.cursor()
         cursor.execute(f"SET search_path = '{PUBLIC_SCHEMA}'")
         return cursor
+
+    def execute(self, *statements: Statement) -> list[tuple[Any, ...]]:
+        """Run `statements` (SQL, or SQL and its `?` parameters) in one transaction; the last one's rows.
+        PostgresServingStore.execute takes the same statements: headrace's own DDL and bookkeeping use SQL both
+        dialects share (CREATE OR REPLACE VIEW, INSERT ... ON CONFLICT, DELETE)."""
+        with self.cursor() as cursor:
+            cursor.begin()
+            rows: list[tuple[Any, ...]] = []
+            try:
+                for statement in statements:
+                    sql, parameters = (statement, ()) if isinstance(statement, str) else statement
+                    cursor.execute(sql, list(parameters))
+                    rows = cursor.fetchall() if cursor.description else []
+                cursor.commit()
+            except BaseException:
+                cursor.rollback()
+                raise
+            return rows
 
     # ------------------------------------------------------------------------------------------ resources
 

@@ -23,7 +23,7 @@ import pytest
 
 from headrace.coordinator import subscribe
 from headrace.coordinator.responses import Column
-from headrace.coordinator.subscribe_postgres import READER_ROLE, subscriber_select
+from headrace.coordinator.subscribe_postgres import READER_ROLE, describe_columns, fetch_rows, subscriber_select
 from headrace.coordinator.subscribe import (INPUT, Store, SubscribeTarget, SubscriptionStream, describe_target,
                                             output_columns, restrict, view_target)
 from headrace.errors import HeadraceError
@@ -38,7 +38,7 @@ from headrace.sql.view_serving import view_binding
 from headrace.sql.views import InputRelation, compile_view
 from headrace.store.arrangements import Arrangement
 from headrace.store.postgres_serving import PostgresServingStore
-from headrace.store.serving import ChangelogCompacted, ServingStore, changelog_name, quote_ident
+from headrace.store.serving import ChangelogCompacted, ServingStore, changelog_name, changelog_table, quote_ident
 from tests.real_servers.postgres import new_store_database
 
 PATH = ("headrace_internal", "source_s1")
@@ -449,6 +449,16 @@ def test_the_subscribers_select_runs_as_an_unprivileged_reader(postgres_store: P
     with pytest.raises(HeadraceError) as missing_table:
         describe_target(postgres_store, gone)
     assert missing_table.value.sqlstate == "42P01"
+    # one statement only, whatever the text holds: a second one (which could COMMIT and so end the reader's role)
+    # is PostgreSQL's error, never run
+    hidden = ("SELECT hr_timestamp, hr_diff, id FROM __hr_input) AS a; COMMIT; "
+              "SELECT pg_read_file('/etc/hostname') FROM (SELECT 1")
+    for read in (lambda conn: describe_columns(conn, changelog_table(PATH), hidden),
+                 lambda conn: fetch_rows(conn, f"SELECT * FROM {changelog_table(PATH)}", hidden, [], 2)):
+        with postgres_store.reading(None) as conn, pytest.raises(HeadraceError) as two:
+            read(conn)
+        assert (two.value.sqlstate, two.value.message) == ("42601", "cannot insert multiple commands into a "
+                                                                    "prepared statement")
     pg_catalog = source_target(postgres_store, "SELECT pg_catalog.upper(name) AS up FROM s")
     assert data(stream(postgres_store, executor, pg_catalog)._read_snapshot()[1]) == [(1, "N1")]
 

@@ -31,8 +31,8 @@ from sqlglot import exp
 
 from headrace.catalog.catalog import Catalog
 from headrace.coordinator.responses import Column, Subscribing
-from headrace.coordinator.subscribe_postgres import (allow_reading, check_functions, describe_columns, fetch_rows,
-                                                     subscriber_select)
+from headrace.coordinator.subscribe_postgres import (INPUT, allow_reading, check_functions, describe_columns,
+                                                     fetch_rows, subscriber_select)
 from headrace.errors import FeatureNotSupported, HeadraceError, UndefinedObject
 from headrace.materialize.sources import source_binding
 from headrace.pgwire import types as pg
@@ -50,7 +50,6 @@ PROGRESS_INTERVAL_MS = 1000
 # A commit takes its timestamp from the store's clock just before it becomes visible, so once the clock
 # is this far past a timestamp no commit at or before it can still appear (UP TO ends, AS OF is reached).
 CLOCK_GRACE_MS = 1000
-INPUT = "__hr_input"
 FROM_KEY = "from_" if "from_" in exp.Select.arg_types else "from"  # renamed in newer sqlglot
 
 Row = tuple[Any, ...]
@@ -202,12 +201,12 @@ def output_columns(data: Sequence[Column], progress: bool) -> tuple[Column, ...]
 
 def describe_target(store: Store, target: SubscribeTarget) -> tuple[Column, ...]:
     """The data columns (after hr_timestamp and hr_diff) of the target's SELECT, without rows."""
-    sql = f"WITH {INPUT} AS (SELECT * FROM {changelog_table(target.resource_path)} LIMIT 0) {target.select_sql}"
     if isinstance(store, PostgresServingStore):  # PostgreSQL's types, sizes and modifiers; its errors
         path = target.resource_path
         allow_reading(store, [qualified_name(path), changelog_table(path)])  # what the stream reads, as the reader
         with store.reading(None) as conn:
-            return describe_columns(conn, sql)[2:]
+            return describe_columns(conn, changelog_table(path), target.select_sql)[2:]
+    sql = f"WITH {INPUT} AS (SELECT * FROM {changelog_table(target.resource_path)} LIMIT 0) {target.select_sql}"
     with store.cursor() as cursor:
         try:
             description = cursor.execute(sql).description or []
@@ -376,10 +375,10 @@ class SubscriptionStream:
             return upto, self._select(reader, input_sql), latest
 
     def _select(self, reader: Any, input_sql: str) -> list[Row]:
-        sql = f"WITH {INPUT} AS ({input_sql}) SELECT * FROM ({self.target.select_sql}) AS __hr_output ORDER BY 1, 2"
         if isinstance(self.store, PostgresServingStore):
-            rows = fetch_rows(reader, sql, self._data_columns, skip=2)
+            rows = fetch_rows(reader, input_sql, self.target.select_sql, self._data_columns, skip=2)
         else:
+            sql = f"WITH {INPUT} AS ({input_sql}) SELECT * FROM ({self.target.select_sql}) ORDER BY 1, 2"
             rows = reader.execute(sql).fetchall()
         return [self._output_row(row) for row in rows]
 

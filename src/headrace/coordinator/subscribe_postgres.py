@@ -55,6 +55,11 @@ _INTERVALS = frozenset({pg.INTERVAL, pg.pg_type(pg.INTERVAL).array_oid})
 READER_ROLE = "headrace_subscribe_reader"
 READER_MARK = "headrace: SUBSCRIBE reader"
 _AS_READER = f"SET LOCAL ROLE {READER_ROLE}; SET LOCAL search_path = pg_catalog"
+INPUT = "__hr_input"  # the CTE of changelog rows a target's SELECT reads (coordinator/subscribe.py)
+# The statements that hold the subscriber's text carry a parameter ($1, true): psycopg then sends them with the
+# extended protocol, in which PostgreSQL parses exactly one statement. Were sqlglot to lex the text differently
+# from PostgreSQL (quoting, comments), a second statement hidden in it (`...; COMMIT; ...`, which would end the
+# reader's SET LOCAL ROLE) is refused by PostgreSQL instead of run. RawCursor: `%` in the text is not psycopg's.
 # Built-ins refused in a subscriber's SELECT: those that run a query (or read a relation) named in their arguments
 # would read past the FROM item; a session-level advisory lock would outlive the read on the pooled connection.
 _READS_BY_NAME = "it reads relations other than the one subscribed to"
@@ -178,13 +183,14 @@ def postgres_error(error: psycopg.Error) -> HeadraceError:
     return reported
 
 
-def describe_columns(conn: psycopg.Connection[Any], sql: str) -> tuple[Column, ...]:
-    """Every output column of `sql` (run as READER_ROLE, to the end of the caller's transaction; the caller makes it
-    return no rows) with PostgreSQL's type oid, size and modifier, as PostgreSQL's RowDescription gives them."""
+def describe_columns(conn: psycopg.Connection[Any], changelog: str, select_sql: str) -> tuple[Column, ...]:
+    """Every output column of `select_sql` over no rows of `changelog` (as READER_ROLE, to the end of the caller's
+    transaction) with PostgreSQL's type oid, size and modifier, as PostgreSQL's RowDescription gives them."""
+    sql = f"WITH {INPUT} AS (SELECT * FROM {changelog} LIMIT 0) SELECT * FROM ({select_sql}) AS __hr_output WHERE $1"
     try:
-        with conn.cursor() as cursor:
+        with psycopg.RawCursor(conn) as cursor:
             cursor.execute(_AS_READER)
-            cursor.execute(sql)
+            cursor.execute(sql, [True])
             result = cursor.pgresult
             assert result is not None
             return tuple(Column((result.fname(i) or b"?column?").decode(), result.ftype(i), result.fsize(i),
@@ -193,18 +199,20 @@ def describe_columns(conn: psycopg.Connection[Any], sql: str) -> tuple[Column, .
         raise postgres_error(error) from None
 
 
-def fetch_rows(conn: psycopg.Connection[Any], sql: str, columns: Sequence[Column], skip: int) -> list[Row]:
-    """The rows of `sql` (run as READER_ROLE, to the end of the caller's transaction), whose first `skip` columns
-    are plain integers (hr_timestamp, hr_diff) and the others `columns`, each value decoded as the module docstring
-    says."""
+def fetch_rows(conn: psycopg.Connection[Any], input_sql: str, select_sql: str, columns: Sequence[Column],
+               skip: int) -> list[Row]:
+    """The rows of `select_sql` over `input_sql`'s, by hr_timestamp and hr_diff (as READER_ROLE, to the end of the
+    caller's transaction); their first `skip` columns are plain integers (hr_timestamp, hr_diff), the others
+    `columns`, each value decoded as the module docstring says."""
+    sql = f"WITH {INPUT} AS ({input_sql}) SELECT * FROM ({select_sql}) AS __hr_output WHERE $1 ORDER BY 1, 2"
     decoders = [_decoder(column) for column in columns]
     try:
-        with conn.cursor() as cursor:
+        with psycopg.RawCursor(conn) as cursor:
             cursor.execute(_AS_READER)
             for column in columns:
                 if column.type_oid not in _PSYCOPG_VALUES:
                     cursor.adapters.register_loader(column.type_oid, TextLoader)
-            rows = cursor.execute(sql).fetchall()
+            rows = cursor.execute(sql, [True]).fetchall()
     except psycopg.Error as error:
         if error.sqlstate is None and isinstance(error, psycopg.DataError):  # psycopg's loader, not PostgreSQL
             raise FeatureNotSupported(f"SUBSCRIBE cannot send a value PostgreSQL printed: {error}",

@@ -39,7 +39,7 @@ from headrace.sql.views import InputRelation, compile_view
 from headrace.store.arrangements import Arrangement
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import ChangelogCompacted, ServingStore, changelog_name, changelog_table, quote_ident
-from tests.real_servers.postgres import new_store_database
+from tests.real_servers.postgres import new_store_database, shared_cluster
 
 PATH = ("headrace_internal", "source_s1")
 MATERIALIZATION = "source_s1"
@@ -478,3 +478,25 @@ def test_cancel_ends_a_running_read(postgres_store: PostgresServingStore, postgr
         return time.monotonic() - started
 
     assert asyncio.run(scenario()) < 10
+
+
+def test_an_external_store_whose_admin_is_not_a_superuser(executor: ThreadPoolExecutor) -> None:
+    """An external store's admin need only own its database and have CREATEROLE (docs/store.md): it sets the reader
+    role up, grants it what it reads, and may SET ROLE to it."""
+    cluster = shared_cluster()
+    admin, database = f"subscribe_admin_{next(_batches)}", f"subscribe_external_{next(_batches)}"
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        conn.execute(f"DROP ROLE IF EXISTS {admin}")
+        conn.execute(f"CREATE ROLE {admin} LOGIN CREATEROLE")
+        conn.execute(f"CREATE DATABASE {database} OWNER {admin}")
+    store = PostgresServingStore(cluster.dsn_of(database).replace("postgres@", f"{admin}@"))
+    committer = Committer(store)
+    try:
+        committer.commit([row(1)])
+        target = source_target(store, "SELECT id, current_user AS who FROM s")
+        assert [c.name for c in describe_target(store, target)] == ["id", "who"]
+        assert data(stream(store, executor, target)._read_snapshot()[1]) == [(1, 1, READER_ROLE)]
+    finally:
+        committer.close()
+        store.close()

@@ -23,7 +23,7 @@ import pytest
 
 from headrace.coordinator import subscribe
 from headrace.coordinator.responses import Column
-from headrace.coordinator.subscribe_postgres import READER_ROLE, describe_columns, fetch_rows, subscriber_select
+from headrace.coordinator.subscribe_postgres import READER_MARK, READER_ROLE, describe_columns, fetch_rows, subscriber_select
 from headrace.coordinator.subscribe import (INPUT, Store, SubscribeTarget, SubscriptionStream, describe_target,
                                             output_columns, restrict, view_target)
 from headrace.errors import HeadraceError
@@ -490,6 +490,10 @@ def test_an_external_store_whose_admin_is_not_a_superuser(executor: ThreadPoolEx
         conn.execute(f"DROP ROLE IF EXISTS {admin}")
         conn.execute(f"CREATE ROLE {admin} LOGIN CREATEROLE")
         conn.execute(f"CREATE DATABASE {database} OWNER {admin}")
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:  # set up by another store of the cluster already
+        if conn.execute("SELECT FROM pg_roles WHERE rolname = %s", [READER_ROLE]).fetchone() is None:
+            conn.execute(f"CREATE ROLE {READER_ROLE} NOLOGIN NOINHERIT")
+            conn.execute(f"COMMENT ON ROLE {READER_ROLE} IS '{READER_MARK}'")
     store = PostgresServingStore(cluster.dsn_of(database).replace("postgres@", f"{admin}@"))
     committer = Committer(store)
     try:

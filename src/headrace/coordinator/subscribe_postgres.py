@@ -160,7 +160,8 @@ def allow_reading(store: PostgresServingStore, relations: Sequence[str]) -> None
 
 def _set_up_reader(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(%s)", [ROLES_LOCK_KEY])
-    found = conn.execute("SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = %s",
+    found = conn.execute("SELECT shobj_description(oid, 'pg_authid'), rolsuper OR rolcanlogin OR rolcreatedb OR "
+                         "rolcreaterole OR rolreplication OR rolbypassrls FROM pg_roles WHERE rolname = %s",
                          [READER_ROLE]).fetchone()
     if found is None:
         conn.execute(f"CREATE ROLE {READER_ROLE} NOLOGIN NOINHERIT")
@@ -168,7 +169,8 @@ def _set_up_reader(conn: psycopg.Connection[Any]) -> None:
     elif found[0] != READER_MARK:
         raise HeadraceError(f'role "{READER_ROLE}" exists in the store PostgreSQL and is not headrace\'s',
                             sqlstate="42710", hint="SUBSCRIBE reads as this role: drop or rename the other one")
-    else:  # never more than a reader, whatever was done to it meanwhile
+    elif found[1]:  # never more than a reader, whatever was done to it meanwhile (a superuser: PostgreSQL's 42501
+        # unless the admin is one too)
         conn.execute(f"ALTER ROLE {READER_ROLE} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
                      "NOBYPASSRLS")
     conn.execute(f"GRANT USAGE ON SCHEMA headrace_internal, public TO {READER_ROLE}")

@@ -414,6 +414,8 @@ def test_splicing_the_subscribers_text() -> None:
         'SELECT "t".hr_timestamp, "t".hr_diff, "t"."id", "t"."Name" FROM (<input>) AS "t" WHERE id > 1 -- c\n')
     assert subscriber_select("SELECT f(a, b), t.* , g[1:2] FROM s AS t", "t", "<input>", columns) == (
         'SELECT "t".hr_timestamp, "t".hr_diff, f(a, b), "t"."id", "t"."Name", g[1:2] FROM (<input>) AS "t"')
+    assert subscriber_select('SELECT "T".* FROM s AS "T"', "T", "<i>", columns) == (
+        'SELECT "T".hr_timestamp, "T".hr_diff, "T"."id", "T"."Name" FROM (<i>) AS "T"')
     assert subscriber_select("SELECT extract(year FROM at) FROM s", "s", "<i>", columns) == (
         'SELECT "s".hr_timestamp, "s".hr_diff, extract(year FROM at) FROM (<i>) AS "s"')
     assert subscriber_select("VALUES (1)", "s", "<i>", columns) is None

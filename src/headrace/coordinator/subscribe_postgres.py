@@ -56,10 +56,6 @@ READER_ROLE = "headrace_subscribe_reader"
 READER_MARK = "headrace: SUBSCRIBE reader"
 _AS_READER = f"SET LOCAL ROLE {READER_ROLE}; SET LOCAL search_path = pg_catalog"
 INPUT = "__hr_input"  # the CTE of changelog rows a target's SELECT reads (coordinator/subscribe.py)
-# The statements that hold the subscriber's text carry a parameter ($1, true): psycopg then sends them with the
-# extended protocol, in which PostgreSQL parses exactly one statement. Were sqlglot to lex the text differently
-# from PostgreSQL (quoting, comments), a second statement hidden in it (`...; COMMIT; ...`, which would end the
-# reader's SET LOCAL ROLE) is refused by PostgreSQL instead of run. RawCursor: `%` in the text is not psycopg's.
 # Built-ins refused in a subscriber's SELECT: those that run a query (or read a relation) named in their arguments
 # would read past the FROM item; a session-level advisory lock would outlive the read on the pooled connection.
 _READS_BY_NAME = "it reads relations other than the one subscribed to"
@@ -74,6 +70,7 @@ _readers_ready: set[str] = set()  # conninfos of stores whose reader role this p
 _readers_lock = threading.Lock()
 _OPENING = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET})
 _CLOSING = frozenset({TokenType.R_PAREN, TokenType.R_BRACKET})
+_NAME_PARTS = frozenset({TokenType.DOT, TokenType.VAR, TokenType.IDENTIFIER})  # `x.`, `"X".`, `schema.x.`
 
 
 def subscriber_select(query_sql: str, alias: str, input_select: str, data_columns: Sequence[str]) -> str | None:
@@ -112,8 +109,9 @@ def subscriber_select(query_sql: str, alias: str, input_select: str, data_column
         if not item:
             return None
         kinds = [token.token_type for token in item]
-        if kinds[-1] == TokenType.STAR and all(kind in (TokenType.DOT, TokenType.VAR) for kind in kinds[:-1]) \
-                and (len(kinds) == 1 or kinds[-2] == TokenType.DOT):
+        qualifier = kinds[:-1]
+        if kinds[-1] == TokenType.STAR and (not qualifier or qualifier[-1] == TokenType.DOT) \
+                and all(kind in _NAME_PARTS for kind in qualifier):
             items += [f"{quoted}.{quote_ident(column)}" for column in data_columns]
         else:
             items.append(query_sql[item[0].start:item[-1].end + 1])
@@ -184,6 +182,12 @@ def postgres_error(error: psycopg.Error) -> HeadraceError:
     reported.position = None
     return reported
 
+
+# The statements that hold the subscriber's text (describe_columns, fetch_rows) carry a parameter ($1, true): psycopg
+# then sends them with the extended protocol, in which PostgreSQL parses exactly one statement. Were sqlglot to lex
+# the text differently from PostgreSQL (quoting, comments), a second statement hidden in it (`...; COMMIT; ...`,
+# which would end the reader's SET LOCAL ROLE) is PostgreSQL's 42601 instead of run. RawCursor: `%` in the text is
+# not psycopg's placeholder syntax.
 
 def describe_columns(conn: psycopg.Connection[Any], changelog: str, select_sql: str) -> tuple[Column, ...]:
     """Every output column of `select_sql` over no rows of `changelog` (as READER_ROLE, to the end of the caller's

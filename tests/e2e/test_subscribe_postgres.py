@@ -6,9 +6,7 @@ PostgreSQL")."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,12 +17,9 @@ from tests.e2e.webhook_client import post_webhook
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadraceProcess]:
-    process = HeadraceProcess(Path(tmp_path_factory.mktemp("pgsubscribe")) / "data", ("--serving-store", "postgres"))
-    process.start()
-    yield process
-    process.stop()
+@pytest.fixture
+def pg_server(pg_serving_server: HeadraceProcess) -> HeadraceProcess:
+    return pg_serving_server
 
 
 def _post(server: HeadraceProcess, body: dict[str, object]) -> None:

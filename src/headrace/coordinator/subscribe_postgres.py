@@ -38,7 +38,8 @@ from headrace.errors import FeatureNotSupported, HeadraceError
 from headrace.pgwire import types as pg
 from headrace.sql.parser import Headrace
 from headrace.store.backend import BackendError
-from headrace.store.postgres_roles import _MIRROR_LOCK_KEY as ROLES_LOCK_KEY  # GRANTs on one object serialize
+from headrace.store.postgres_roles import MIRROR_LOCK_KEY as ROLES_LOCK_KEY  # GRANTs on one object serialize
+from headrace.store.postgres_roles import SUBSCRIBE_READER_ROLE
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import quote_ident
 
@@ -52,7 +53,7 @@ _PSYCOPG_VALUES = frozenset({pg.INT2, pg.INT4, pg.INT8, pg.BOOL, pg.TEXT, pg.VAR
                              pg.JSONB, pg.NUMERIC, pg.FLOAT4, pg.FLOAT8, pg.DATE, pg.TIMESTAMP, pg.TIMESTAMPTZ,
                              pg.UUID, pg.BYTEA})
 _INTERVALS = frozenset({pg.INTERVAL, pg.pg_type(pg.INTERVAL).array_oid})
-READER_ROLE = "headrace_subscribe_reader"
+READER_ROLE = SUBSCRIBE_READER_ROLE
 READER_MARK = "headrace: SUBSCRIBE reader"
 _AS_READER = f"SET LOCAL ROLE {READER_ROLE}; SET LOCAL search_path = pg_catalog"
 INPUT = "__hr_input"  # the CTE of changelog rows a target's SELECT reads (coordinator/subscribe.py)

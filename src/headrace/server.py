@@ -183,17 +183,17 @@ def _start_store(postgres: PostgresStore, roles: RoleCatalog) -> None:
 async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, roles: RoleCatalog,
                  postgres: PostgresStore, postgres_started: asyncio.Future[None]) -> None:
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headrace-store")
+    registry = IngestRegistry(config.webhook)
+    # HTTP first: webhooks get 503 + Retry-After while the store and the sources (and their indexes) open.
+    web_state = ServerState()
+    http_app = make_app(registry, ready=web_state, http=config.http)
+    http_runner = await run_http(http_app, config.host, config.http_port)
     store: ServingStore | PostgresServingStore
     if config.serving_store == "postgres":
         await postgres_started  # the serving store's rows live in it
         store = await asyncio.to_thread(PostgresServingStore, postgres.admin_conninfo)
     else:
         store = ServingStore(layout.store_file, threads=config.store_threads)
-    registry = IngestRegistry(config.webhook)
-    # HTTP first: webhooks get 503 + Retry-After while the sources (and their indexes) open.
-    web_state = ServerState()
-    http_app = make_app(registry, ready=web_state, http=config.http)
-    http_runner = await run_http(http_app, config.host, config.http_port)
     catalog = Catalog(layout.root, item_from_create_sql)
     resources = SourceResources(layout, store, registry, executor)
     for source in catalog.sources():

@@ -266,3 +266,30 @@ def test_store_routes_remember_shapes_never_names() -> None:
     assert not routes.is_postgres("generation 2", "SELECT 7/2, 'x''y' FROM \"t 1\" WHERE k = $1")  # catalog moved
     routes.remember("generation 1", "SELECT E'\\\\'' FROM t")  # a backslash: literals not delimited safely
     assert not routes.is_postgres("generation 1", "SELECT E'\\\\'' FROM t")
+
+
+def test_descriptions_are_kept_per_session_until_something_may_change_them(adapter: AdapterClient) -> None:
+    async def body(session: SessionClient) -> None:
+        await run(session, "CREATE TEMP TABLE d (a int)")
+        coordinator = adapter._coordinator  # type: ignore[attr-defined]
+        backend = next(iter(coordinator.passthrough._backends.values()))
+        await run(session, "SELECT * FROM d", describe=True)
+        assert ("SELECT * FROM d", ()) in backend.descriptions  # the next Parse of it costs no round trip
+        first = backend.descriptions[("SELECT * FROM d", ())]
+        await run(session, "SELECT * FROM d", describe=True)
+        assert backend.descriptions[("SELECT * FROM d", ())] is first
+        await run(session, "ALTER TABLE d ADD COLUMN b text")  # DDL on this backend: described anew
+        assert not backend.descriptions
+        result = await run(session, "SELECT * FROM d", describe=True)
+        assert isinstance(result, SendingRows) and [c.name for c in result.columns] == ["a", "b"]
+        # DDL elsewhere (here: behind the session's back, on its own backend): a stale description is refused
+        await backend.connection.run("ALTER TABLE d ADD COLUMN c int")
+        with pytest.raises(HeadraceError) as stale:
+            await run(session, "SELECT * FROM d", describe=True)
+        assert (stale.value.sqlstate, stale.value.message) == ("0A000", "cached plan must not change result type")
+        result = await run(session, "SELECT * FROM d", describe=True)
+        assert isinstance(result, SendingRows) and [c.name for c in result.columns] == ["a", "b", "c"]
+        await run(session, "SET search_path = pg_catalog, public")  # names may resolve otherwise: forgotten
+        await run(session, "SELECT 1", describe=True)
+        assert list(backend.descriptions) == [("SELECT 1", ())]
+    drive(adapter, body)

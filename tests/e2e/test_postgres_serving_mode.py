@@ -4,8 +4,6 @@ and PostgreSQL answers the queries over them (docs/store.md), after headrace's o
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -15,80 +13,72 @@ from tests.e2e.webhook_client import post_webhook
 
 
 @pytest.fixture(scope="module")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadraceProcess]:
-    process = HeadraceProcess(Path(tmp_path_factory.mktemp("pgserving")) / "data", ("--serving-store", "postgres"))
-    process.start()
-    yield process
-    process.stop()
-
-
-@pytest.fixture(scope="module")
-def orders(pg_server: HeadraceProcess) -> HeadraceProcess:
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute("CREATE SOURCE orders FROM WEBHOOK BODY FORMAT JSON")
-        conn.execute("CREATE MATERIALIZED VIEW per_kind AS SELECT body->>'kind' AS kind, count(*) AS n, "
-                     "sum((body->>'amount')::int) AS total FROM orders GROUP BY body->>'kind'")
+def events(pg_serving_server: HeadraceProcess) -> HeadraceProcess:
+    with psycopg.connect(pg_serving_server.dsn, autocommit=True) as conn:
+        conn.execute("CREATE SOURCE events FROM WEBHOOK BODY FORMAT JSON")
+        conn.execute("CREATE MATERIALIZED VIEW by_kind AS SELECT body->>'kind' AS kind, count(*) AS n, "
+                     "sum((body->>'amount')::int) AS total FROM events GROUP BY body->>'kind'")
     for i in range(10):
-        response = post_webhook(pg_server.webhook_url("orders"),
+        response = post_webhook(pg_serving_server.webhook_url("events"),
                                 json.dumps({"kind": f"k{i % 3}", "amount": i}).encode(),
                                 {"content-type": "application/json"})
         assert response.status_code == 200
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        wait_for(lambda: conn.execute("SELECT sum(n) FROM per_kind").fetchone() == (10,), 120,
+    with psycopg.connect(pg_serving_server.dsn, autocommit=True) as conn:
+        wait_for(lambda: conn.execute("SELECT sum(n) FROM by_kind").fetchone() == (10,), 120,
                  message="the view's rows")
-    return pg_server
+    return pg_serving_server
 
 
-def test_postgres_answers_over_views_and_sources(orders: HeadraceProcess) -> None:
-    with psycopg.connect(orders.dsn, autocommit=True) as conn:
-        rows = conn.execute("SELECT kind, n, total, total / n, pg_typeof(total)::text FROM per_kind "
+def test_postgres_answers_over_views_and_sources(events: HeadraceProcess) -> None:
+    with psycopg.connect(events.dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT kind, n, total, total / n, pg_typeof(total)::text FROM by_kind "
                             "ORDER BY kind").fetchall()
         assert rows == [("k0", 4, 18, 4, "bigint"), ("k1", 3, 12, 4, "bigint"), ("k2", 3, 15, 5, "bigint")]
-        assert conn.execute("SELECT count(*), pg_typeof(body)::text, body #>> '{kind}' FROM orders "
+        assert conn.execute("SELECT count(*), pg_typeof(body)::text, body #>> '{kind}' FROM events "
                             "WHERE (body->>'amount')::int = 4 GROUP BY 2, 3").fetchall() == [(1, "jsonb", "k1")]
         # a join across a view and a source, and a plain PostgreSQL view over them
-        conn.execute("CREATE VIEW big AS SELECT o.body->>'kind' AS kind, p.total FROM orders o "
-                     "JOIN per_kind p ON p.kind = o.body->>'kind' WHERE (o.body->>'amount')::int > 7")
+        conn.execute("CREATE VIEW big AS SELECT o.body->>'kind' AS kind, p.total FROM events o "
+                     "JOIN by_kind p ON p.kind = o.body->>'kind' WHERE (o.body->>'amount')::int > 7")
         assert conn.execute("SELECT * FROM big ORDER BY kind").fetchall() == [("k0", 18), ("k2", 15)]
         with pytest.raises(psycopg.errors.UndefinedColumn):  # PostgreSQL's own error
-            conn.execute("SELECT nosuchcol FROM per_kind")
+            conn.execute("SELECT nosuchcol FROM by_kind")
 
 
-def test_catalog_is_postgres_own(orders: HeadraceProcess) -> None:
-    with psycopg.connect(orders.dsn, autocommit=True) as conn:
+def test_catalog_is_postgres_own(events: HeadraceProcess) -> None:
+    with psycopg.connect(events.dsn, autocommit=True) as conn:
         kinds = dict(conn.execute("SELECT relname, relkind::text FROM pg_class "
                                   "WHERE relnamespace = 'public'::regnamespace").fetchall())
-        assert kinds["orders"] == "v" and kinds["per_kind"] == "v"
+        assert kinds["events"] == "v" and kinds["by_kind"] == "v"
         columns = conn.execute("SELECT column_name, data_type FROM information_schema.columns "
-                               "WHERE table_name = 'per_kind' ORDER BY ordinal_position").fetchall()
+                               "WHERE table_name = 'by_kind' ORDER BY ordinal_position").fetchall()
         assert columns == [("kind", "text"), ("n", "bigint"), ("total", "bigint")]
         # headrace's own system relations stay headrace's
         assert conn.execute("SELECT count(*) FROM headrace_internal.webhook_counters").fetchone() is not None
 
 
-def test_privileges_hold_in_postgres_too(orders: HeadraceProcess) -> None:
-    with psycopg.connect(orders.dsn, autocommit=True) as admin:
+def test_privileges_hold_in_postgres_too(events: HeadraceProcess) -> None:
+    with psycopg.connect(events.dsn, autocommit=True) as admin:
         admin.execute("CREATE ROLE reader LOGIN")
-    dsn = orders.dsn.replace("user=headrace", "user=reader")
+    dsn = events.dsn.replace("user=headrace", "user=reader")
     with psycopg.connect(dsn, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # headrace's check
-            conn.execute("SELECT * FROM per_kind")
+            conn.execute("SELECT * FROM by_kind")
         # syntax headrace does not take (ORDER BY ... USING) goes to PostgreSQL unchecked by headrace: it refuses
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("SELECT * FROM per_kind ORDER BY kind USING <")
+            conn.execute("SELECT * FROM by_kind ORDER BY kind USING <")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT * FROM headrace_internal.checkpoints ORDER BY fence USING <")
-    with psycopg.connect(orders.dsn, autocommit=True) as admin:
-        admin.execute("GRANT SELECT ON per_kind TO reader")
+    with psycopg.connect(events.dsn, autocommit=True) as admin:
+        admin.execute("GRANT SELECT ON by_kind TO reader")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        assert conn.execute("SELECT sum(n) FROM per_kind").fetchone() == (10,)
-        assert len(conn.execute("SELECT * FROM per_kind ORDER BY kind USING <").fetchall()) == 3
+        assert conn.execute("SELECT sum(n) FROM by_kind").fetchone() == (10,)
+        assert len(conn.execute("SELECT * FROM by_kind ORDER BY kind USING <").fetchall()) == 3
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("SELECT * FROM orders")
+            conn.execute("SELECT * FROM events")
         with pytest.raises(psycopg.errors.WrongObjectType):  # writes go through headrace, which refuses them
-            conn.execute("DELETE FROM per_kind")
-    with psycopg.connect(orders.dsn, autocommit=True) as admin:
-        admin.execute("REVOKE SELECT ON per_kind FROM reader")
+            conn.execute("DELETE FROM by_kind")
+    with psycopg.connect(events.dsn, autocommit=True) as admin:
+        admin.execute("REVOKE SELECT ON by_kind FROM reader")
     with psycopg.connect(dsn, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("SELECT * FROM per_kind ORDER BY kind USING <")
+            conn.execute("SELECT * FROM by_kind ORDER BY kind USING <")

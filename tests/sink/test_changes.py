@@ -1,8 +1,9 @@
 """ChangeReader (sink/changes.py) against a real serving store: what a sink sends equals what its input became.
 
-A keyed relation lives in a ServingStore on a tmp DuckDB file and is written through the serving driver's own
-commit path (ServingTransactor: rows, changelog and checkpoint in one DuckDB transaction, as every materialization
-and table commits), while the test keeps a model of the relation's state after each commit. The reader is then
+Every test runs on both serving stores: DuckDB (a tmp file) and PostgreSQL (a fresh database of the shared test
+cluster). A keyed relation is written through the store's own serving driver (ServingTransactor or
+PostgresServingTransactor: rows, changelog and checkpoint in one transaction, as every materialization and table
+commits), while the test keeps a model of the relation's state after each commit. The reader is then
 checked against that model: applying its keyed batches to the state as of the position gives the state as of each
 batch's `upto`; its delta batches are exactly the per-commit differences of the model; a snapshot is the state as
 of its timestamp; batches cut at commit boundaries only, as near `max_changes` as whole commits allow.
@@ -10,6 +11,7 @@ of its timestamp; batches cut at commit boundaries only, as near `max_changes` a
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -21,17 +23,36 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from headrace.materialize.drivers.postgres_serving import PostgresServingTransactor
 from headrace.materialize.drivers.serving import ServingTransactor
 from headrace.materialize.protocol import Binding, MaterializationSpec, Open, Store
 from headrace.sink.changes import ChangeBatch, ChangeReader, Lag
-from headrace.sink.inputs import SinkInput
-from headrace.store.serving import INTERNAL_SCHEMA, ChangelogCompacted, ServingStore, qualified_name
+from headrace.sink.inputs import SinkInput, SinkStore
+from headrace.store.postgres_serving import PostgresServingStore
+from headrace.store.serving import INTERNAL_SCHEMA, ChangelogCompacted, ServingStore
+
+from ..real_servers.postgres import new_store_database
 
 Key = int | str
 Values = tuple[str | None, int]  # (v, n)
 State = dict[Key, Values]
 PUT, DELETE, REWRITE = "put", "delete", "rewrite"  # REWRITE: store the key's row again, unchanged
 FULL_KEY_RANGE = (0, 0xFFFFFFFF)
+SERVING_STORES = ("duckdb", "postgres")
+_relation_names = itertools.count()
+
+
+def new_store(kind: str, directory: Path) -> SinkStore:
+    """An empty serving store: DuckDB in `directory`, or PostgreSQL in a fresh database of the shared cluster."""
+    if kind == "duckdb":
+        return ServingStore(directory / "serving.duckdb", threads=1)
+    return PostgresServingStore(new_store_database("sink"))
+
+
+def stored_rows(store: SinkStore, resource_path: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The rows of a serving-store table as {column: value} (either store)."""
+    snapshot = store.snapshot(resource_path, "")
+    return [dict(zip(snapshot.columns, row)) for row in snapshot.rows]
 
 
 @dataclass(frozen=True)
@@ -41,16 +62,18 @@ class Commit:
 
 
 class KeyedRelation:
-    """A relation (k PRIMARY KEY, v VARCHAR, n BIGINT) written through ServingTransactor, with its history."""
+    """A relation (k PRIMARY KEY, v VARCHAR, n BIGINT) written through the store's serving driver, with its
+    history."""
 
-    def __init__(self, store: ServingStore, key_type: str = "BIGINT", name: str = "rel") -> None:
+    def __init__(self, store: SinkStore, key_type: str = "BIGINT", name: str = "rel") -> None:
         self.store = store
         self.name = name
         self.binding = Binding((INTERNAL_SCHEMA, name), ("k",), ("v", "n"),
                                {"k": key_type, "v": "VARCHAR", "n": "BIGINT"})
         self.resource_path = self.binding.resource_path
         store.apply(self.binding)
-        self._transactor = ServingTransactor(store)
+        self._transactor = ServingTransactor(store) if isinstance(store, ServingStore) \
+            else PostgresServingTransactor(store)
         self._transactor.open(Open(MaterializationSpec(name, (self.binding,)), *FULL_KEY_RANGE))
         self.commits: list[Commit] = []
         # The columns in another order than the table's: SinkInput.columns must still put the key first.
@@ -117,15 +140,15 @@ class KeyedRelation:
         self._transactor.close()
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[ServingStore]:
-    serving = ServingStore(tmp_path / "serving.duckdb", threads=1)
+@pytest.fixture(params=SERVING_STORES)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SinkStore]:
+    serving = new_store(request.param, tmp_path)
     yield serving
     serving.close()
 
 
 @pytest.fixture
-def relation(store: ServingStore) -> Iterator[KeyedRelation]:
+def relation(store: SinkStore) -> Iterator[KeyedRelation]:
     keyed = KeyedRelation(store)
     yield keyed
     keyed.close()
@@ -267,18 +290,18 @@ def histories(draw: st.DrawFn) -> tuple[str, list[Operations], list[Operations]]
     return key_type, draw(commits_of(keys, 1, 7)), draw(commits_of(keys, 0, 4))
 
 
-@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(history=histories(), max_changes=st.sampled_from([1, 2, 3, 5, 200_000]), data=st.data())
 def test_batches_applied_in_turn_reproduce_the_relation_at_every_step(
-        tmp_path_factory: pytest.TempPathFactory, history: tuple[str, list[Operations], list[Operations]],
-        max_changes: int,
+        store: SinkStore, history: tuple[str, list[Operations], list[Operations]], max_changes: int,
         data: st.DataObject) -> None:
     """From a position T (0 or any commit) to the latest commit U, then on as more commits come: keyed batches
     applied to the relation as of T give the relation as of each batch's `upto`, delta batches are exactly the
-    changes of the commits they cover; batches end at commits, cut as max_changes says; then snapshots."""
+    changes of the commits they cover; batches end at commits, cut as max_changes says; then snapshots. (One
+    store per test, a relation of its own per example.)"""
     key_type, first_run, second_run = history
-    store = ServingStore(tmp_path_factory.mktemp("history") / "serving.duckdb", threads=1)
-    relation = KeyedRelation(store, key_type)
+    relation = KeyedRelation(store, key_type, name=f"rel_{next(_relation_names)}")
     try:
         for operations in first_run:
             relation.commit(operations)
@@ -319,7 +342,6 @@ def test_batches_applied_in_turn_reproduce_the_relation_at_every_step(
         assert keyed_rows(current.rows) == relation.state
     finally:
         relation.close()
-        store.close()
 
 
 # ------------------------------------------------------------------------------------------------ examples
@@ -356,7 +378,7 @@ def test_delta_batches_list_each_change_once_and_an_unchanged_rewrite_cancels(re
     assert summed(delta_rows(batch)) == relation.state == {2: ("b", 2)}
 
 
-def test_a_snapshot_is_the_relation_as_of_its_timestamp(store: ServingStore, relation: KeyedRelation) -> None:
+def test_a_snapshot_is_the_relation_as_of_its_timestamp(store: SinkStore, relation: KeyedRelation) -> None:
     reader, deltas = relation.reader(), relation.reader(delta=True)
     assert reader.next_batch(None) is None and reader.next_batch(0) is None  # never committed: nothing yet
     first = relation.commit({1: (PUT, "a", 1), 2: (PUT, "b", 2), 3: (PUT, "c", 3)})
@@ -370,11 +392,11 @@ def test_a_snapshot_is_the_relation_as_of_its_timestamp(store: ServingStore, rel
         delta_snapshot = deltas.next_batch(None, snapshot_at=at)
         assert delta_snapshot is not None and delta_snapshot.upto == at
         assert sorted(delta_rows(delta_snapshot)) == sorted((at, 1, k, *v) for k, v in relation.state_at(at).items())
-    table = store.cursor().execute(f"SELECT k, v, n FROM {qualified_name(relation.resource_path)}").fetchall()
+    table = stored_rows(store, relation.resource_path)
     for at in (third, None):
         snapshot = reader.next_batch(None, snapshot_at=at)
         assert snapshot is not None and snapshot.upto == third
-        assert keyed_rows(snapshot.rows) == {k: (v, n) for k, v, n in table} == relation.state
+        assert keyed_rows(snapshot.rows) == {row["k"]: (row["v"], row["n"]) for row in table} == relation.state
 
 
 def test_batches_end_at_whole_commits_near_max_changes(relation: KeyedRelation) -> None:
@@ -410,7 +432,7 @@ def test_lag_counts_the_upstream_commits_not_in_the_target(relation: KeyedRelati
     assert reader.next_batch(third) is None
 
 
-def test_compacted_changes_are_refused(store: ServingStore, relation: KeyedRelation) -> None:
+def test_compacted_changes_are_refused(store: SinkStore, relation: KeyedRelation) -> None:
     first = relation.commit({1: (PUT, "a", 1)})
     second = relation.commit({1: (PUT, "a", 2)})
     third = relation.commit({2: (PUT, "b", 1)})

@@ -1,7 +1,8 @@
 """The sink runner's parts that hold no thread (sink/runner.py): the snapshot's split by what the target loaded, the
 checkpoint's position, the compaction hold file, and the sink's materialization spec, which the reader's batches
 must fit: real targets (a serving store for a keyed sink, a Parquet dataset for a delta sink) written with them,
-transaction by transaction as the runner does, end equal to the relation."""
+transaction by transaction as the runner does, end equal to the relation. The reader's input lives in either serving
+store (DuckDB, PostgreSQL); a keyed sink's serving-store target is of the same kind."""
 
 from __future__ import annotations
 
@@ -17,15 +18,17 @@ import pytest
 from headrace.catalog.sinks import Sink
 from headrace.errors import HeadraceError
 from headrace.materialize.drivers.parquet import ParquetTransactor
+from headrace.materialize.drivers.postgres_serving import PostgresServingTransactor
 from headrace.materialize.drivers.serving import ServingTransactor
 from headrace.materialize.protocol import Open, StoreColumns
 from headrace.sink.changes import DELTA_COLUMNS, ChangeReader
 from headrace.sink.configs import Endpoint
-from headrace.sink.inputs import SinkInput
+from headrace.sink.inputs import SinkInput, SinkStore
 from headrace.sink.runner import _position_of, _split_by_loaded, read_hold, sink_spec, write_hold
-from headrace.store.serving import ServingStore, qualified_name
+from headrace.store.serving import ServingStore
 
-from .test_changes import DELETE, FULL_KEY_RANGE, PUT, REWRITE, KeyedRelation, summed
+from .test_changes import (DELETE, FULL_KEY_RANGE, PUT, REWRITE, SERVING_STORES, KeyedRelation, new_store,
+                           stored_rows, summed)
 
 # ------------------------------------------------------------------------------------------------ _split_by_loaded
 
@@ -138,16 +141,17 @@ def test_a_delta_sink_spec_adds_the_change_columns_to_the_key() -> None:
 # ------------------------------------------------------------------------------------------------ spec + reader
 
 
-@pytest.fixture
-def source(tmp_path: Path) -> Iterator[KeyedRelation]:
-    store = ServingStore(tmp_path / "source.duckdb", threads=1)
+@pytest.fixture(params=SERVING_STORES)
+def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KeyedRelation]:
+    (tmp_path / "source").mkdir()
+    store = new_store(request.param, tmp_path / "source")
     relation = KeyedRelation(store, "VARCHAR")
     yield relation
     relation.close()
     store.close()
 
 
-Transactor = ServingTransactor | ParquetTransactor
+Transactor = ServingTransactor | PostgresServingTransactor | ParquetTransactor
 
 
 def send(relation: KeyedRelation, reader: ChangeReader, transactor: Transactor,
@@ -185,10 +189,12 @@ def test_a_keyed_sinks_batches_rebuild_the_relation_in_a_serving_store_target(
     and holds the checkpoint: a reopened target resumes where the last transaction ended."""
     endpoint = Endpoint("serving", {}, ("public", "orders_out"))
     spec = sink_spec(a_sink(False), endpoint, source.input, source.input.columns(source.store))
-    target = ServingStore(tmp_path / "target.duckdb", threads=1)
+    (tmp_path / "target").mkdir()
+    target: SinkStore = new_store(source.store.dialect, tmp_path / "target")
     try:
-        def open_target() -> tuple[ServingTransactor, int | None]:
-            transactor = ServingTransactor(target)
+        def open_target() -> tuple[Transactor, int | None]:
+            transactor = ServingTransactor(target) if isinstance(target, ServingStore) \
+                else PostgresServingTransactor(target)
             return transactor, _position_of(transactor.open(Open(spec, *FULL_KEY_RANGE)).runtime_checkpoint)
 
         def reopen(transactor: Transactor, upto: int) -> Transactor:
@@ -201,8 +207,8 @@ def test_a_keyed_sinks_batches_rebuild_the_relation_in_a_serving_store_target(
         transactor, position = open_target()
         assert position is None
         assert send(source, source.reader(max_changes=3), transactor, reopen) > 2
-        rows = target.cursor().execute(f"SELECT k, v, n FROM {qualified_name(endpoint.resource_path)}").fetchall()
-        assert {k: (v, n) for k, v, n in rows} == source.state
+        rows = stored_rows(target, endpoint.resource_path)
+        assert {row["k"]: (row["v"], row["n"]) for row in rows} == source.state
         assert open_target()[1] == source.commits[-1].timestamp
     finally:
         target.close()

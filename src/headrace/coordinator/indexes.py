@@ -3,7 +3,10 @@
 `CREATE INDEX [IF NOT EXISTS] [name] ON <source | materialized view | table> (col, ...)` builds the
 arrangement before answering, so the next point lookup is served from memory (coordinator/fast_path.py).
 An index whose relation was dropped (or dropped and created again: a new catalog id) is forgotten the
-next time its relation's indexes are looked up."""
+next time its relation's indexes are looked up.
+
+Either serving store (DuckDB or PostgreSQL): an index's columns are its relation's as SUBSCRIBE describes them
+(`describe_target`: PostgreSQL's own types on the PostgreSQL store), and its arrangement reads what SUBSCRIBE reads."""
 
 from __future__ import annotations
 
@@ -19,12 +22,11 @@ from headrace.catalog.catalog import Catalog
 from headrace.catalog.indexes import IndexCatalog, IndexDefinition
 from headrace.coordinator.fast_path import IndexedRelation
 from headrace.coordinator.responses import Column, CommandComplete, ExecuteResponse, SendingRows
-from headrace.coordinator.subscribe import Subscriptions, describe_target
+from headrace.coordinator.subscribe import Store, Subscriptions, describe_target
 from headrace.errors import DuplicateObject, FeatureNotSupported, HeadraceError, UndefinedColumn, UndefinedObject
 from headrace.pgwire import types as pg
 from headrace.sql.ast import ShowObjects
 from headrace.store.arrangements import Arrangement, Arrangements
-from headrace.store.serving import ServingStore
 
 SHOW_COLUMNS = (Column("name", pg.TEXT), Column("on", pg.TEXT), Column("cluster", pg.TEXT), Column("key", pg.TEXT))
 INDEX_KIND = "index"
@@ -37,7 +39,7 @@ def handles(ast: exp.Expr) -> bool:
 
 
 class IndexDdl:
-    def __init__(self, catalog: Catalog, store: ServingStore, executor: ThreadPoolExecutor,
+    def __init__(self, catalog: Catalog, store: Store, executor: ThreadPoolExecutor,
                  subscriptions: Subscriptions, data_dir: Path | None) -> None:
         self.items = catalog
         self.store = store

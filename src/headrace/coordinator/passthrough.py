@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ from headrace.store.postgres_server import PostgresStore, StoreUnavailable
 from headrace.store.backend import BINARY_FORMAT, TEXT_FORMAT, BackendColumn, BackendConnection, BackendResult
 
 RelationExists = Callable[[str, str], bool]
+
+DESCRIPTIONS_KEPT = 256  # per session (BackendState.descriptions)
+_DML_TAGS = ("INSERT", "UPDATE", "DELETE", "MERGE", "SELECT", "COPY", "FETCH", "MOVE")
 
 # Schemas headrace answers for itself (its catalog emulation and its system relations), and unqualified relation
 # names PostgreSQL would find in pg_catalog first.
@@ -178,6 +182,16 @@ class BackendState:
     connection_id: int
     synced: dict[str, str] = field(default_factory=dict)
     savepoints: list[str] = field(default_factory=list)
+    # Parse's descriptions by (SQL, declared parameter types): a client re-sending the same unnamed statement (the
+    # extended protocol, statement after statement) costs one round trip, not two. Dropped when the backend ran
+    # anything that may change them (a setting, DDL); a result whose columns differ from its description (DDL of
+    # another session) is PostgreSQL's "cached plan must not change result type" (0A000), and is described anew.
+    descriptions: OrderedDict[tuple[str, tuple[int, ...]], StatementDescription] = field(default_factory=OrderedDict)
+
+    def remember_description(self, key: tuple[str, tuple[int, ...]], description: StatementDescription) -> None:
+        self.descriptions[key] = description
+        if len(self.descriptions) > DESCRIPTIONS_KEPT:
+            self.descriptions.popitem(last=False)
 
 
 class Passthrough:
@@ -202,10 +216,16 @@ class Passthrough:
                                      backend=True)
         backend = await self._backend(session)
         await self._sync(session, backend)
+        key = (sql, tuple(param_types))
+        known = backend.descriptions.get(key)
+        if known is not None:
+            backend.descriptions.move_to_end(key)
+            return PreparedStatement(sql, ast, known, backend=True)
         description = await backend.connection.describe(sql, param_types)
         columns = None if description.columns is None else tuple(_column(c) for c in description.columns)
-        return PreparedStatement(sql, ast, StatementDescription(description.param_types, columns,
-                                                                raw_parameters=True), backend=True)
+        known = StatementDescription(description.param_types, columns, raw_parameters=True)
+        backend.remember_description(key, known)
+        return PreparedStatement(sql, ast, known, backend=True)
 
     async def execute(self, session: Session, portal: Portal, cancel: asyncio.Event) -> ExecuteResponse:
         backend = await self._backend(session)
@@ -223,6 +243,7 @@ class Passthrough:
         result: BackendResult = await self._cancellable(backend, cancel, backend.connection.execute(
             statement.sql, params, statement.description.param_types if params else (), formats, result_format))
         notices = (*result.notices, *([statement.notice] if statement.notice else []))
+        _check_description(backend, statement, result)
         if result.columns is None:
             portal.finished = True
             return CommandComplete(result.tag, notices=notices)
@@ -329,6 +350,7 @@ class Passthrough:
                                 for name, value in changed.items())
         await backend.connection.run(f"SELECT {assignments}")
         backend.synced.update(changed)
+        backend.descriptions.clear()  # search_path, DateStyle ...: names and types may resolve otherwise now
 
     async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
@@ -382,6 +404,22 @@ async def _settable_names(connection: BackendConnection) -> frozenset[str]:
 
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
+
+
+def _check_description(backend: BackendState, statement: PreparedStatement, result: BackendResult) -> None:
+    """Forget the session's descriptions after DDL (or any command but DML); refuse a result whose columns are not
+    the ones its Parse described (the client may hold the RowDescription already), as PostgreSQL refuses a cached
+    plan whose result type changed."""
+    if result.columns is None:
+        if not result.tag.startswith(_DML_TAGS):
+            backend.descriptions.clear()
+        return
+    described = statement.description.columns
+    if described is None:
+        return
+    if [(c.name, c.type_oid) for c in described] != [(c.name, c.type_oid) for c in result.columns]:
+        backend.descriptions.clear()
+        raise HeadraceError("cached plan must not change result type", sqlstate="0A000")
 
 
 def _column(column: BackendColumn, raw_format: int = -1) -> Column:

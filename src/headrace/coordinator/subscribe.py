@@ -1,10 +1,13 @@
 """SUBSCRIBE: a webhook source's or materialized view's rows as of a timestamp, then every committed change.
 
 Everything is read from the serving store's changelog (docs/materialization.md, "The changelog"): one
-DuckDB transaction per poll reads the committed frontier (`latest_timestamp`), the changelog's `since`
-frontier and the changes after our position, so compaction cannot slip in between. The object's public
-relation (or the subscriber's `SELECT ... FROM object WHERE ...`) is applied to the snapshot and to each
-change batch in DuckDB, over a CTE `__hr_input` with the stored columns plus hr_timestamp and hr_diff.
+transaction per poll (DuckDB's, or PostgreSQL's REPEATABLE READ: `store.reading()`) reads the committed
+frontier (`latest_timestamp`), the changelog's `since` frontier and the changes after our position, so
+compaction cannot slip in between. The object's public relation (or the subscriber's `SELECT ... FROM object
+WHERE ...`) is applied to the snapshot and to each change batch by the store itself, in its dialect
+(`store.dialect`), over a CTE `__hr_input` with the stored columns plus hr_timestamp and hr_diff: on the
+PostgreSQL store the subscriber's functions, casts and errors are PostgreSQL's, and so are the column types
+(coordinator/subscribe_postgres.py).
 
 Output columns: hr_timestamp numeric, [hr_progressed bool (WITH PROGRESS)], hr_diff bigint, data columns.
 UP TO is exclusive (as in Materialize): changes at timestamps < UP TO, then the stream ends.
@@ -13,9 +16,12 @@ UP TO is exclusive (as in Materialize): changes at timestamps < UP TO, then the 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -25,6 +31,8 @@ from sqlglot import exp
 
 from headrace.catalog.catalog import Catalog
 from headrace.coordinator.responses import Column, Subscribing
+from headrace.coordinator.subscribe_postgres import (INPUT, allow_reading, check_functions, describe_columns,
+                                                     fetch_rows, subscriber_select)
 from headrace.errors import FeatureNotSupported, HeadraceError, UndefinedObject
 from headrace.materialize.sources import source_binding
 from headrace.pgwire import types as pg
@@ -32,23 +40,27 @@ from headrace.sql.ast import SubscribeStatement
 from headrace.sql.types import oid_of_duckdb_type
 from headrace.sql.view_serving import public_relation_sql
 from headrace.store.jsonb import jsonb_text
+from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import ChangelogCompacted, ServingStore, changelog_table, qualified_name, quote_ident
+
+log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.1
 PROGRESS_INTERVAL_MS = 1000
 # A commit takes its timestamp from the store's clock just before it becomes visible, so once the clock
 # is this far past a timestamp no commit at or before it can still appear (UP TO ends, AS OF is reached).
 CLOCK_GRACE_MS = 1000
-INPUT = "__hr_input"
 FROM_KEY = "from_" if "from_" in exp.Select.arg_types else "from"  # renamed in newer sqlglot
 
 Row = tuple[Any, ...]
+Store = ServingStore | PostgresServingStore
 
 
 @dataclass(frozen=True, slots=True)
 class SubscribeTarget:
-    """What a subscription reads: the binding table, its materialization, and the DuckDB SELECT over
-    `__hr_input` (hr_timestamp, hr_diff, stored columns) giving hr_timestamp, hr_diff, data columns."""
+    """What a subscription reads: the binding table, its materialization, and the SELECT (in the store's
+    dialect) over `__hr_input` (hr_timestamp, hr_diff, stored columns) giving hr_timestamp, hr_diff, data
+    columns."""
 
     resource_path: tuple[str, ...]
     materialization: str
@@ -69,9 +81,11 @@ def table_target(table: Any) -> SubscribeTarget:
                            f"SELECT hr_timestamp, hr_diff, {columns} FROM {INPUT}")
 
 
-def view_target(plan: Any, view_id: str, materialization: str | None = None) -> SubscribeTarget:
-    """The view's public relation (sql/view_serving.py) re-aimed at the input: outputs as SELECT * shows them."""
-    create = exp.maybe_parse(public_relation_sql(plan, view_id), dialect="duckdb")
+def view_target(plan: Any, view_id: str, materialization: str | None = None,
+                dialect: str = "duckdb") -> SubscribeTarget:
+    """The view's public relation (sql/view_serving.py) re-aimed at the input: outputs as SELECT * shows them.
+    `dialect`: the serving store's."""
+    create = exp.maybe_parse(public_relation_sql(plan, view_id, dialect=dialect), dialect=dialect)
     select = create.expression
     if isinstance(select, exp.Union):  # the "no rows at all" branch of a global aggregate: snapshot-only
         select = select.this
@@ -81,11 +95,14 @@ def view_target(plan: Any, view_id: str, materialization: str | None = None) -> 
     # `materialization`: whose commit timestamps are the view's, its root source's or table's
     # (Catalog.root_materialization): a view is a binding of its root's transactions.
     return SubscribeTarget((("headrace_internal", f"view_{view_id}")), materialization or f"view_{view_id}",
-                           select.sql(dialect="duckdb"))
+                           select.sql(dialect=dialect))
 
 
-def restrict(target: SubscribeTarget, query: exp.Expr, data_columns: Sequence[str]) -> SubscribeTarget:
-    """SUBSCRIBE (SELECT ... FROM object [WHERE ...]): the projection and filter over the object's rows."""
+def restrict(target: SubscribeTarget, query: exp.Expr, data_columns: Sequence[str],
+             dialect: str = "duckdb", query_sql: str | None = None) -> SubscribeTarget:
+    """SUBSCRIBE (SELECT ... FROM object [WHERE ...]): the projection and filter over the object's rows, in the
+    serving store's `dialect`. On PostgreSQL the subscriber's SELECT runs as PostgreSQL runs it, from its own text
+    `query_sql` when given (subscribe_postgres.subscriber_select)."""
     if not isinstance(query, exp.Select):
         raise FeatureNotSupported("SUBSCRIBE supports (SELECT ... FROM <source or materialized view> [WHERE ...])")
     refused = [name for name in ("joins", "group", "having", "order", "limit", "offset", "distinct", "with", "qualify")
@@ -100,6 +117,12 @@ def restrict(target: SubscribeTarget, query: exp.Expr, data_columns: Sequence[st
     select = query.copy()
     table = select.args[FROM_KEY].this
     alias = table.alias_or_name
+    if dialect == "postgres":
+        check_functions(query)
+    if dialect == "postgres" and query_sql is not None:
+        spliced = subscriber_select(query_sql, alias, target.select_sql, data_columns)
+        if spliced is not None:
+            return SubscribeTarget(target.resource_path, target.materialization, spliced)
     expressions: list[exp.Expr] = [exp.column("hr_timestamp", table=alias), exp.column("hr_diff", table=alias)]
     for expression in select.expressions:
         if isinstance(expression, exp.Star) or (isinstance(expression, exp.Column) and expression.is_star):
@@ -107,15 +130,15 @@ def restrict(target: SubscribeTarget, query: exp.Expr, data_columns: Sequence[st
         else:
             expressions.append(expression)
     select.set("expressions", expressions)
-    subquery = exp.maybe_parse(target.select_sql, dialect="duckdb").subquery(alias)
+    subquery = exp.maybe_parse(target.select_sql, dialect=dialect).subquery(alias)
     select.set(FROM_KEY, exp.From(this=subquery))
-    return SubscribeTarget(target.resource_path, target.materialization, select.sql(dialect="duckdb"))
+    return SubscribeTarget(target.resource_path, target.materialization, select.sql(dialect=dialect))
 
 
 class Subscriptions:
     """Starts subscriptions for the coordinator; `resolve(schema, name)` finds a source or view's target."""
 
-    def __init__(self, store: ServingStore, executor: ThreadPoolExecutor, catalog: Catalog,
+    def __init__(self, store: Store, executor: ThreadPoolExecutor, catalog: Catalog,
                  view_plan: Callable[[Any], Any]) -> None:
         self.store = store
         self.executor = executor
@@ -129,7 +152,8 @@ class Subscriptions:
         view = self.catalog.find_view(schema or "public", name)
         if view is not None:
             root = getattr(self.catalog, "root_materialization", None)
-            return view_target(self._view_plan(view), view.id, root(view) if root is not None else None)
+            return view_target(self._view_plan(view), view.id, root(view) if root is not None else None,
+                               self.store.dialect)
         find_table = getattr(self.catalog, "find_table", None)  # CREATE TABLE (coordinator/tables.py)
         table = find_table(schema or "public", name) if find_table is not None else None
         if table is not None:
@@ -147,7 +171,7 @@ class Subscriptions:
             raise FeatureNotSupported("SUBSCRIBE supports (SELECT ... FROM <source or materialized view> [WHERE ...])")
         table = from_.this
         base = self.resolve(table.db, table.name)
-        return restrict(base, query, self._column_names(base))
+        return restrict(base, query, self._column_names(base), self.store.dialect, ast.args.get("query_sql"))
 
     def _column_names(self, target: SubscribeTarget) -> list[str]:
         return [column.name for column in describe_target(self.store, target)]
@@ -175,8 +199,13 @@ def output_columns(data: Sequence[Column], progress: bool) -> tuple[Column, ...]
     return (*head, *data)
 
 
-def describe_target(store: ServingStore, target: SubscribeTarget) -> tuple[Column, ...]:
+def describe_target(store: Store, target: SubscribeTarget) -> tuple[Column, ...]:
     """The data columns (after hr_timestamp and hr_diff) of the target's SELECT, without rows."""
+    if isinstance(store, PostgresServingStore):  # PostgreSQL's types, sizes and modifiers; its errors
+        path = target.resource_path
+        allow_reading(store, [qualified_name(path), changelog_table(path)])  # what the stream reads, as the reader
+        with store.reading(None) as conn:
+            return describe_columns(conn, changelog_table(path), target.select_sql)[2:]
     sql = f"WITH {INPUT} AS (SELECT * FROM {changelog_table(target.resource_path)} LIMIT 0) {target.select_sql}"
     with store.cursor() as cursor:
         try:
@@ -188,21 +217,44 @@ def describe_target(store: ServingStore, target: SubscribeTarget) -> tuple[Colum
 
 
 class SubscriptionStream:
-    def __init__(self, store: ServingStore, executor: ThreadPoolExecutor, target: SubscribeTarget,
+    def __init__(self, store: Store, executor: ThreadPoolExecutor, target: SubscribeTarget,
                  data_columns: Sequence[Column], *, snapshot: bool, progress: bool, as_of: int | None,
                  up_to: int | None) -> None:
         self.store, self.executor, self.target = store, executor, target
         self.snapshot, self.progress, self.as_of, self.up_to = snapshot, progress, as_of, up_to
+        self._data_columns = tuple(data_columns)
         self._data_width = len(data_columns)
-        self._jsonb = [2 + i for i, column in enumerate(data_columns) if column.type_oid == pg.JSONB]
+        # DuckDB's JSON text is brought to jsonb's normal form; PostgreSQL prints that form itself
+        self._jsonb = [2 + i for i, column in enumerate(data_columns)
+                       if column.type_oid == pg.JSONB and store.dialect == "duckdb"]
         self._cancelled = asyncio.Event()
         self._stored_columns = [name for name in (store.columns(target.resource_path) or {})]
+        # The PostgreSQL connection a read is running on: cancel() ends its statement (a subscriber's SELECT may
+        # run long, pg_sleep() or a slow function). Cleared under the lock before the connection goes back to the
+        # pool, so a cancel never reaches another reader's statement.
+        self._active: Any = None
+        self._active_lock = threading.Lock()
 
     def cancel(self) -> None:
         self._cancelled.set()
+        if self._active is not None:
+            threading.Thread(target=self._cancel_active, name="subscribe-cancel", daemon=True).start()
+
+    def _cancel_active(self) -> None:
+        with self._active_lock:
+            if self._active is not None:
+                try:
+                    self._active.cancel_safe(timeout=5)
+                except Exception:  # noqa: BLE001 - the read ends by itself then; cancelling is best effort
+                    log.warning("could not cancel a SUBSCRIBE read", exc_info=True)
 
     async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+        except HeadraceError as error:
+            if error.sqlstate == "57014" and self._cancelled.is_set():
+                raise _Stopped from None  # our own cancel() ended the read: the stream just ends
+            raise
 
     async def _sleep(self) -> bool:
         """Wait one poll interval; False once cancelled."""
@@ -213,6 +265,13 @@ class SubscriptionStream:
         return False
 
     async def batches(self) -> AsyncIterator[Sequence[Row]]:
+        try:
+            async for batch in self._batches():
+                yield batch
+        except _Stopped:
+            return
+
+    async def _batches(self) -> AsyncIterator[Sequence[Row]]:
         position: int | None = None
         while position is None:  # an AS OF in the future: wait until the store has passed it
             position, rows = await self._run(self._read_snapshot)
@@ -240,14 +299,33 @@ class SubscriptionStream:
                 return
 
     # --- reads (executor threads) -------------------------------------------------------------
-    def _read_snapshot(self) -> tuple[int | None, list[Row]]:
-        """(the snapshot's timestamp, its rows with hr_diff +1), or (None, []) while AS OF is ahead."""
-        path = self.target.resource_path
+    @contextmanager
+    def _reading(self) -> Iterator[Any]:
+        """One read-only transaction: a DuckDB cursor, or a PostgreSQL connection in REPEATABLE READ."""
+        if isinstance(self.store, PostgresServingStore):
+            with self.store.reading(None) as conn:
+                with self._active_lock:
+                    self._active = conn
+                try:
+                    yield conn
+                finally:
+                    with self._active_lock:
+                        self._active = None
+            return
         cursor = self.store.cursor()
         try:
             cursor.begin()
-            latest = self.store.latest_timestamp(self.target.materialization, cursor) or 0
-            since = self.store.changelog_since(path, cursor)
+            yield cursor
+        finally:
+            cursor.rollback()
+            cursor.close()
+
+    def _read_snapshot(self) -> tuple[int | None, list[Row]]:
+        """(the snapshot's timestamp, its rows with hr_diff +1), or (None, []) while AS OF is ahead."""
+        path = self.target.resource_path
+        with self._reading() as reader:
+            latest = self.store.latest_timestamp(self.target.materialization, reader) or 0
+            since = self.store.changelog_since(path, reader)
             as_of = latest if self.as_of is None else self.as_of
             if as_of > latest:
                 if _now_ms() - CLOCK_GRACE_MS < as_of:
@@ -268,24 +346,19 @@ class SubscriptionStream:
                 if as_of < latest_read:  # undo the changes after AS OF, then consolidate
                     input_sql = (f"SELECT hr_timestamp, sum(hr_diff)::INTEGER AS hr_diff, {columns} FROM ("
                                  f"{input_sql} UNION ALL SELECT {as_of}::BIGINT, -hr_diff, {columns} FROM "
-                                 f"{changelog_table(path)} WHERE hr_timestamp > {as_of}) GROUP BY ALL "
-                                 "HAVING sum(hr_diff) <> 0")
-                rows = self._select(cursor, input_sql)
+                                 f"{changelog_table(path)} WHERE hr_timestamp > {as_of}) AS __hr_undone "
+                                 f"GROUP BY hr_timestamp, {columns} HAVING sum(hr_diff) <> 0")
+                rows = self._select(reader, input_sql)
             position = as_of if self.as_of is not None else max(as_of, since - 1)
             return position, rows
-        finally:
-            cursor.rollback()
-            cursor.close()
 
     def _read_changes(self, position: int) -> tuple[int, list[Row], int]:
         """(the new position, the changes after `position` up to the committed frontier and below UP TO,
         the frontier)."""
         path = self.target.resource_path
-        cursor = self.store.cursor()
-        try:
-            cursor.begin()
-            latest = self.store.latest_timestamp(self.target.materialization, cursor) or 0
-            since = self.store.changelog_since(path, cursor)
+        with self._reading() as reader:
+            latest = self.store.latest_timestamp(self.target.materialization, reader) or 0
+            since = self.store.changelog_since(path, reader)
             upto = latest if self.up_to is None else min(latest, self.up_to - 1)
             if latest <= position:
                 # nothing committed after us: compaction's frontier may pass us without losing anything
@@ -299,14 +372,14 @@ class SubscriptionStream:
             columns = ", ".join(quote_ident(column) for column in self._stored_columns)
             input_sql = (f"SELECT hr_timestamp, hr_diff, {columns} FROM {changelog_table(path)} "
                          f"WHERE hr_timestamp > {position} AND hr_timestamp <= {upto}")
-            return upto, self._select(cursor, input_sql), latest
-        finally:
-            cursor.rollback()
-            cursor.close()
+            return upto, self._select(reader, input_sql), latest
 
-    def _select(self, cursor: duckdb.DuckDBPyConnection, input_sql: str) -> list[Row]:
-        sql = f"WITH {INPUT} AS ({input_sql}) SELECT * FROM ({self.target.select_sql}) ORDER BY 1, 2"
-        rows = cursor.execute(sql).fetchall()
+    def _select(self, reader: Any, input_sql: str) -> list[Row]:
+        if isinstance(self.store, PostgresServingStore):
+            rows = fetch_rows(reader, input_sql, self.target.select_sql, self._data_columns, skip=2)
+        else:
+            sql = f"WITH {INPUT} AS ({input_sql}) SELECT * FROM ({self.target.select_sql}) ORDER BY 1, 2"
+            rows = reader.execute(sql).fetchall()
         return [self._output_row(row) for row in rows]
 
     def _output_row(self, row: Row) -> Row:
@@ -321,6 +394,10 @@ class SubscriptionStream:
 
     def _progress_row(self, frontier: int) -> Row:
         return (Decimal(frontier), True, None, *([None] * self._data_width))
+
+
+class _Stopped(Exception):
+    """A read ended by the stream's own cancel()."""
 
 
 def _now_ms() -> int:

@@ -35,9 +35,9 @@ from headrace.materialize.rpc.external import ExternalDriver, RemoteDriver, driv
 from headrace.materialize.runtime import DriverConnection, RpcDriverConnection
 from headrace.sink.changes import ChangeReader
 from headrace.sink.configs import endpoint_of
-from headrace.sink.inputs import SinkInput, resolve_input
+from headrace.sink.inputs import SinkInput, SinkStore, resolve_input
 from headrace.sink.runner import SinkRunner, read_hold, sink_spec, write_hold
-from headrace.store.serving import ServingStore, changelog_name
+from headrace.store.serving import changelog_name
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def _lower_priority() -> None:
 
 
 class SinkManager:
-    def __init__(self, catalog: Catalog, store: ServingStore, data_dir: Path,
+    def __init__(self, catalog: Catalog, store: SinkStore, data_dir: Path,
                  view_plan: Callable[[Any], Any], access: HostAccess | None = None) -> None:
         self._catalog = catalog
         # The server's allow-lists (headrace up --allow-command / --allow-directory): checked again by the EXTERNAL
@@ -96,7 +96,8 @@ class SinkManager:
         return self._data_dir / "sinks" / sink.id
 
     def sink_input(self, sink: Sink) -> SinkInput:
-        return resolve_input(self._catalog, self._view_plan, sink.relation_schema, sink.relation_name)
+        return resolve_input(self._catalog, self._view_plan, sink.relation_schema, sink.relation_name,
+                             self._store.dialect)
 
     def prepare(self, sink: Sink) -> SinkRunner:
         """Everything a runner needs, checked (unknown relation, connection, secret, column types): CREATE SINK

@@ -42,8 +42,7 @@ from headrace.materialize.recovery import RecoveryLog
 from headrace.materialize.runtime import DriverConnection, Runtime
 from headrace.sink.changes import DELTA_COLUMNS, ChangeBatch, ChangeReader
 from headrace.sink.configs import Endpoint
-from headrace.sink.inputs import SinkInput
-from headrace.store.serving import ServingStore
+from headrace.sink.inputs import SinkInput, SinkStore
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +90,7 @@ class SinkRunner:
     """Runs one sink in a thread of its own (see module docstring). `connect` opens a new connection to the
     sink's driver; `builtin` is None for an external driver (which gets documents on the row path)."""
 
-    def __init__(self, sink: Sink, spec: MaterializationSpec, reader: ChangeReader, store: ServingStore,
+    def __init__(self, sink: Sink, spec: MaterializationSpec, reader: ChangeReader, store: SinkStore,
                  connect: Callable[[], DriverConnection], builtin: BuiltinDriver | None, state_dir: Path,
                  on_position: Callable[[int], None] | None = None) -> None:
         self.sink = sink

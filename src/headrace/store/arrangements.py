@@ -1,5 +1,5 @@
 """Indexes as in-memory arrangements (Materialize's term): a dict from the indexed columns' values to the
-relation's rows, kept in the server process and answered from without DuckDB (coordinator/fast_path.py).
+relation's rows, kept in the server process and answered from without the serving store (coordinator/fast_path.py).
 
 An arrangement is an in-process subscription: it starts from a snapshot of the relation (its public form,
 as `SELECT *` shows it) and applies the relation's changelog after it, read exactly as SUBSCRIBE reads it
@@ -8,8 +8,11 @@ when it was called, which costs one integer comparison when nothing was committe
 (ServingStore.commit_count, bumped after every data commit). A background task also tails the changelog,
 so a read after a commit rarely waits.
 
-Rows are tuples of Python values exactly as DuckDB returns them for the public relation (jsonb normalized
-as run_query does); each key holds a list of rows (a multiset: a relation may repeat a row).
+Rows are tuples of Python values as SUBSCRIBE reads them from either serving store: on DuckDB as DuckDB returns
+them for the public relation (jsonb normalized as run_query does), on PostgreSQL decoded from PostgreSQL's text by
+headrace's type codecs (coordinator/subscribe_postgres.py: integers, booleans and text as psycopg gives them); each
+key holds a list of rows (a multiset: a relation may repeat a row). Nothing here is dialect-specific: every read
+goes through SubscriptionStream, one read-only transaction each.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from headrace.coordinator.responses import Column
+from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import ChangelogCompacted, ServingStore
 
 if TYPE_CHECKING:
@@ -31,12 +35,13 @@ log = logging.getLogger(__name__)
 Row = tuple[Any, ...]
 Key = tuple[Any, ...]
 TAIL_INTERVAL_S = 0.05
+Store = ServingStore | PostgresServingStore
 
 
 class Arrangement:
     """One index's rows by key. Build with `start()`; read with `await current()`; `close()` stops tailing."""
 
-    def __init__(self, store: ServingStore, executor: ThreadPoolExecutor, target: SubscribeTarget,
+    def __init__(self, store: Store, executor: ThreadPoolExecutor, target: SubscribeTarget,
                  columns: Sequence[Column], key_positions: Sequence[int],
                  alive: Callable[[], bool] = lambda: True) -> None:
         """`alive`: whether the indexed relation still exists; the tail stops (and closes) once it does not."""
@@ -158,7 +163,7 @@ class Arrangement:
 class Arrangements:
     """The arrangements of every index, by index id."""
 
-    def __init__(self, store: ServingStore, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, store: Store, executor: ThreadPoolExecutor) -> None:
         self.store = store
         self.executor = executor
         self._by_index: dict[str, Arrangement] = {}

@@ -27,7 +27,9 @@ from headrace.durable import replace_file_durably
 
 MIRROR_MARK = "headrace: mirrored role"
 PASSWORDS_FILE = "store_roles.json"
-_MIRROR_LOCK_KEY = 0x6865616472616365  # "headrace": the advisory lock of role mirroring
+MIRROR_LOCK_KEY = 0x6865616472616365  # "headrace": the advisory lock of role mirroring
+# The unprivileged role SUBSCRIBE's SELECTs run as (coordinator/subscribe_postgres.py): never a mirrored role.
+SUBSCRIBE_READER_ROLE = "headrace_subscribe_reader"
 _LOCKED_DOWN = sql.SQL("LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS")
 
 
@@ -133,7 +135,7 @@ class RoleMirror:
         updated" (XX000)."""
         conn = psycopg.connect(self._admin_conninfo, autocommit=True, connect_timeout=10)
         try:
-            conn.execute("SELECT pg_advisory_lock(%s)", (_MIRROR_LOCK_KEY,))
+            conn.execute("SELECT pg_advisory_lock(%s)", (MIRROR_LOCK_KEY,))
         except BaseException:
             conn.close()
             raise
@@ -143,6 +145,9 @@ class RoleMirror:
         if role == self._admin_role:
             raise RoleMirrorError("42939", f'role "{role}" is the store PostgreSQL\'s admin role and cannot be '
                                            "mirrored: choose another role name")
+        if role == SUBSCRIBE_READER_ROLE:
+            raise RoleMirrorError("42939", f'role name "{role}" is reserved for SUBSCRIBE in the store PostgreSQL: '
+                                           "choose another role name")
 
     def _refuse_foreign(self, role: str, existing: _Existing) -> None:
         if self._passwords is not None and not existing.marked:

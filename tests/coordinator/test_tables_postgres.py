@@ -424,3 +424,23 @@ async def _after_restart(tables: Tables, store: PostgresServingStore) -> None:
     await run(tables, "DELETE FROM keep WHERE id = 1")
     apply(store, tables, table_of(tables, "keep"))
     assert query(store, "SELECT id, v FROM keep ORDER BY id") == [(2, "b!")]
+
+
+def test_write_queries_run_as_a_role_that_cannot_become_superuser(store: PostgresServingStore,
+                                                                  tmp_path: Path) -> None:
+    drive(store, tmp_path, lambda tables: _not_superuser(tables, store))
+
+
+async def _not_superuser(tables: Tables, store: PostgresServingStore) -> None:
+    await run(tables, "CREATE TABLE guarded (id int4 PRIMARY KEY, y text)")
+    await run(tables, "INSERT INTO guarded VALUES (1, 'a'), (2, 'b')")
+    result = await run(tables, "UPDATE guarded SET y = current_user || ' ' || current_setting('is_superuser') "
+                               "WHERE id = 1 RETURNING y")
+    assert isinstance(result, SendingRows) and result.rows == [("headrace_table_writes off",)]
+    with pytest.raises(HeadraceError) as caught:  # what SET ROLE on a superuser's connection would let through
+        await run(tables, "UPDATE guarded SET y = set_config('session_authorization', 'postgres', true)")
+    assert caught.value.sqlstate == "42501"
+    # a setting a user expression changes for the session does not outlive its statement (DISCARD ALL after it)
+    await run(tables, "UPDATE guarded SET y = set_config('search_path', 'nowhere', false) WHERE id = 2")
+    result = await run(tables, "UPDATE guarded SET y = current_setting('search_path') WHERE id = 2 RETURNING y")
+    assert isinstance(result, SendingRows) and result.rows == [('"$user", public',)]

@@ -109,6 +109,8 @@ class Tables:
         logs, self._logs = list(self._logs.values()), {}
         for table_log in logs:
             await table_log.close()
+        if isinstance(self.store, PostgresServingStore):
+            await self._run(on_postgres.close_write_pool, self.store)
 
     async def _ensure(self, table: Table) -> None:
         await self._run(self._ensure_store, table)

@@ -8,10 +8,12 @@ declared types (store/table_relation_postgres.py).
 Rows travel to PostgreSQL (the overlay of acknowledged rows the store lacks, upsert pairs, keys) as one text[]
 parameter per column, each value in PostgreSQL's input syntax for its storage type, cast back in the query.
 
-A write's own query (INSERT ... SELECT, UPDATE's SET and WHERE, ON CONFLICT DO UPDATE's SET) runs on a pooled
-connection of the store's admin role, but under `SET LOCAL ROLE headrace_table_writes`: a role that is no
-superuser and may only read headrace's relations (headrace authorizes the statement before it runs), so user
-expressions cannot reach what only a superuser may (pg_read_file, lo_import, ...). Values assigned to columns go
+A write's own query (INSERT ... SELECT, UPDATE's SET and WHERE, ON CONFLICT DO UPDATE's SET) runs on a connection
+that logs in as `headrace_table_writes`: a role that is no superuser and may only read headrace's relations
+(headrace authorizes the statement before it runs), so user expressions cannot reach what only a superuser may
+(pg_read_file, lo_import, ...). Not `SET ROLE` on an admin connection: a session whose authenticated user is a
+superuser can take it back (`set_config('session_authorization', ...)`, also from inside a function a user
+created). Values assigned to columns go
 through PostgreSQL's own assignment: they are inserted into a temporary table of the declared column types
 (RETURNING them), so a varchar(3) too long is PostgreSQL's 22001, an int2 out of range 22003, a numeric rounded to
 its scale and a float4 to real exactly as PostgreSQL would store them. PostgreSQL's errors come back as
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import secrets
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -28,11 +31,15 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from headrace.catalog.roles import make_scram_verifier
 from headrace.catalog.tables import Table, TableColumn
 from headrace.errors import HeadraceError
 from headrace.store.backend import BackendError
-from headrace.store.postgres_serving import PostgresServingStore, column_type
+from headrace.store.postgres_roles import MIRROR_LOCK_KEY
+from headrace.store.postgres_serving import ConnectionPool, PostgresServingStore, column_type
 from headrace.store.serving import CHECKPOINTS_TABLE, INTERNAL_SCHEMA, PUBLIC_SCHEMA, qualified_name, quote_ident
 
 Key = tuple[Any, ...]
@@ -42,8 +49,9 @@ ASSIGN_TABLE = "hr_assign"  # the temporary table assigned values go through (pg
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 _EPOCH_NAIVE = datetime.datetime(1970, 1, 1)
 _EPOCH_DATE = datetime.date(1970, 1, 1)
-_roles_ready: set[str] = set()  # conninfos whose write role is set up in this process
+_write_pools: dict[str, ConnectionPool] = {}  # store conninfo -> the write role's connections, in this process
 _roles_lock = threading.Lock()
+_STARTUP_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c extra_float_digits=1"
 
 
 def storage_types(table: Table) -> dict[str, str]:
@@ -51,24 +59,47 @@ def storage_types(table: Table) -> dict[str, str]:
     return {name: column_type(binding_type) for name, binding_type in table.store_columns().items()}
 
 
-def ensure_write_role(store: PostgresServingStore) -> None:
-    """The role write queries run as (module docstring): no superuser, no login, reading headrace's relations
-    (those the admin role owns in public and headrace_internal, now and later). Once per store per process."""
+def ensure_write_role(store: PostgresServingStore) -> ConnectionPool:
+    """The role write queries run as and the pool of its own connections (module docstring): a login role that
+    is no superuser, reading headrace's relations (those the admin role owns in public and headrace_internal, now
+    and later), with a password made at each start and kept in memory only (sent as a SCRAM verifier). Once per
+    store per process."""
     with _roles_lock:
-        if store.conninfo in _roles_ready:
-            return
+        pool = _write_pools.get(store.conninfo)
+        if pool is not None:
+            return pool
+        password = secrets.token_urlsafe(32)
         with store.pool.connection() as conn:
-            try:
-                conn.execute(f"CREATE ROLE {WRITE_ROLE} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT")
-                conn.commit()
-            except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
-                conn.rollback()  # roles are cluster-wide: another database (or server) made it
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", [MIRROR_LOCK_KEY])  # GRANTs on one object serialize
+            if conn.execute("SELECT FROM pg_roles WHERE rolname = %s", [WRITE_ROLE]).fetchone() is None:
+                conn.execute(f"CREATE ROLE {WRITE_ROLE} NOINHERIT")
+            conn.execute(sql.SQL(f"ALTER ROLE {WRITE_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+                                 "NOBYPASSRLS PASSWORD {}").format(sql.Literal(make_scram_verifier(password).text())))
+            database = conn.execute("SELECT current_database()").fetchone()
+            assert database is not None
             schemas = f"{quote_ident(PUBLIC_SCHEMA)}, {quote_ident(INTERNAL_SCHEMA)}"
+            conn.execute(f"GRANT CONNECT, TEMPORARY ON DATABASE {quote_ident(str(database[0]))} TO {WRITE_ROLE}")
             conn.execute(f"GRANT USAGE ON SCHEMA {schemas} TO {WRITE_ROLE}")
             conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {schemas} TO {WRITE_ROLE}")
             conn.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA {schemas} GRANT SELECT ON TABLES TO {WRITE_ROLE}")
             conn.commit()
-        _roles_ready.add(store.conninfo)
+        settings = conninfo_to_dict(store.conninfo)
+        for admin_only in ("password", "passfile", "sslcert", "sslkey", "sslpassword", "service", "options"):
+            settings.pop(admin_only, None)
+        # the pool's session settings as startup options, so DISCARD ALL after each use returns to them
+        pool = ConnectionPool(make_conninfo(**{**settings, "user": WRITE_ROLE, "password": password,
+                                               "options": _STARTUP_OPTIONS}))
+        _write_pools[store.conninfo] = pool
+        return pool
+
+
+
+def close_write_pool(store: PostgresServingStore) -> None:
+    """Close the write role's connections to `store` (at shutdown); the next write opens them again."""
+    with _roles_lock:
+        pool = _write_pools.pop(store.conninfo, None)
+    if pool is not None:
+        pool.close()
 
 
 # ---------------------------------------------------------------------------------------------- values
@@ -178,25 +209,38 @@ def declared_columns(table: Table, relation_sql: str, hidden: bool) -> str:
 @contextmanager
 def _write_transaction(store: PostgresServingStore, assigned: Sequence[TableColumn] | None,
                        settings: Mapping[str, str], inserting: bool = False) -> Iterator[psycopg.Connection[Any]]:
-    """A pooled connection in a transaction (rolled back after) running as the write role, with the session's
-    settings and, when `assigned` is given, the temporary table of those column types: `inserting`, with their
-    DEFAULTs (an INSERT's VALUES or query goes into it as into the table); else with a row number hr_n first."""
-    ensure_write_role(store)
-    with store.pool.connection() as conn:
+    """A connection of the write role in a transaction (rolled back after), with the session's settings and, when
+    `assigned` is given, the temporary table of those column types: `inserting`, with their DEFAULTs (an INSERT's
+    VALUES or query goes into it as into the table); else with a row number hr_n first. After use the connection
+    is reset (DISCARD ALL: settings, advisory locks, temporary tables a user expression may have left behind)."""
+    pool = ensure_write_role(store)
+    with pool.connection() as conn:
         try:
-            for name, value in settings.items():
-                conn.execute("SELECT set_config(%s, %s, true)", [name, value])
-            if assigned is not None:
-                definitions = [f"c{i} {column.type_sql}{_default_clause(column) if inserting else ''}"
-                               for i, column in enumerate(assigned)]
-                if not inserting:
-                    definitions.insert(0, "hr_n bigint")
-                conn.execute(f"CREATE TEMPORARY TABLE {ASSIGN_TABLE} ({', '.join(definitions)}) ON COMMIT DROP")
-                conn.execute(f"GRANT SELECT, INSERT ON {ASSIGN_TABLE} TO {WRITE_ROLE}")
-            conn.execute(f"SET LOCAL ROLE {WRITE_ROLE}")
-        except psycopg.Error as error:
-            raise from_postgres(error) from None
-        yield conn
+            try:
+                for name, value in settings.items():
+                    conn.execute("SELECT set_config(%s, %s, true)", [name, value])
+                if assigned is not None:
+                    definitions = [f"c{i} {column.type_sql}{_default_clause(column) if inserting else ''}"
+                                   for i, column in enumerate(assigned)]
+                    if not inserting:
+                        definitions.insert(0, "hr_n bigint")
+                    conn.execute(f"CREATE TEMPORARY TABLE {ASSIGN_TABLE} ({', '.join(definitions)}) "
+                                 "ON COMMIT DROP")
+            except psycopg.Error as error:
+                raise from_postgres(error) from None
+            yield conn
+        finally:
+            _reset(conn)
+
+
+def _reset(conn: psycopg.Connection[Any]) -> None:
+    try:
+        conn.rollback()
+        conn.autocommit = True
+        conn.execute("DISCARD ALL")
+        conn.autocommit = False
+    except psycopg.Error:
+        conn.close()  # the pool drops a closed connection
 
 
 def _default_clause(column: TableColumn) -> str:

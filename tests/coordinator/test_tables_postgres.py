@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from headrace.catalog.catalog import Catalog
-from headrace.catalog.tables import Table
+from headrace.catalog.tables import Table, TableColumn
 from headrace.coordinator.responses import CommandComplete, SendingRows
 from headrace.coordinator.session import Session, default_variables
 from headrace.coordinator.tables import Tables
@@ -444,3 +444,14 @@ async def _not_superuser(tables: Tables, store: PostgresServingStore) -> None:
     await run(tables, "UPDATE guarded SET y = set_config('search_path', 'nowhere', false) WHERE id = 2")
     result = await run(tables, "UPDATE guarded SET y = current_setting('search_path') WHERE id = 2 RETURNING y")
     assert isinstance(result, SendingRows) and result.rows == [('"$user", public',)]
+
+
+def test_a_write_query_is_one_statement(store: PostgresServingStore) -> None:
+    """Even without parameters, a write's query goes by the extended protocol: a second statement is refused."""
+    column = TableColumn("a", "int4")
+    assert on_postgres.run_insert_query(store, "SELECT 1", [], [column], {}) == [(1,)]
+    with pytest.raises(HeadraceError) as caught:  # as a simple Query both would run, answering [(1,)]
+        on_postgres.run_insert_query(store, "SELECT 1", [], [column], {}, with_clause="SELECT 2;")
+    assert (caught.value.sqlstate, caught.value.message) == ("42601", "cannot insert multiple commands into a "
+                                                                      "prepared statement")
+    on_postgres.close_write_pool(store)

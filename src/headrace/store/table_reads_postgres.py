@@ -311,7 +311,9 @@ def run_assigning_query(store: PostgresServingStore, query_sql: str, params: Seq
 def _fetch(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     try:
         with psycopg.RawCursor(conn) as cursor:
-            cursor.execute(sql, list(params))  # extended protocol even without parameters: one statement only
+            # The extended protocol, where PostgreSQL parses exactly one statement: psycopg sends a query without
+            # parameters as a simple Query, so one unused, typed parameter ($1, true) is added then.
+            cursor.execute(sql, list(params) or [True])
             return cursor.fetchall() if cursor.description is not None else []
     except psycopg.Error as error:
         raise from_postgres(error) from None

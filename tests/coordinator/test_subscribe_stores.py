@@ -23,7 +23,8 @@ import pytest
 
 from headrace.coordinator import subscribe
 from headrace.coordinator.responses import Column
-from headrace.coordinator.subscribe_postgres import READER_MARK, READER_ROLE, describe_columns, fetch_rows, subscriber_select
+from headrace.coordinator.subscribe_postgres import (READER_MARK, READER_ROLE, describe_columns, fetch_rows, reading,
+                                                     subscriber_select)
 from headrace.coordinator.subscribe import (INPUT, Store, SubscribeTarget, SubscriptionStream, describe_target,
                                             output_columns, restrict, view_target)
 from headrace.errors import HeadraceError
@@ -431,8 +432,16 @@ def test_the_subscribers_select_runs_as_an_unprivileged_reader(postgres_store: P
     _, rows = stream(postgres_store, executor, target)._read_snapshot()
     assert data(rows) == [(1, READER_ROLE, "pg_catalog")]
     with psycopg.connect(postgres_store.conninfo, autocommit=True) as conn:
-        assert conn.execute("SELECT rolsuper OR rolcanlogin OR rolcreaterole OR rolcreatedb OR rolbypassrls FROM "
-                            "pg_roles WHERE rolname = %s", [READER_ROLE]).fetchone() == (False,)
+        assert conn.execute("SELECT rolsuper OR rolcreaterole OR rolcreatedb OR rolbypassrls, rolcanlogin FROM "
+                            "pg_roles WHERE rolname = %s", [READER_ROLE]).fetchone() == (False, True)
+        admin = conn.execute("SELECT current_user").fetchone()[0]  # type: ignore[index]
+    # its connections log in as the reader: no way back to the admin (SET ROLE on an admin's connection had one)
+    escape = source_target(postgres_store, f"SELECT set_config('session_authorization', '{admin}', true) AS a, "
+                                           "pg_read_file('/etc/hostname') AS b FROM s")
+    with pytest.raises(HeadraceError) as escaped:
+        describe_target(postgres_store, escape)
+    assert escaped.value.sqlstate == "42501"
+    with psycopg.connect(postgres_store.conninfo, autocommit=True) as conn:
         conn.execute("CREATE FUNCTION public.mine(bigint) RETURNS bigint LANGUAGE sql AS 'SELECT $1'")
     with pytest.raises(HeadraceError) as read_file:  # a superuser's function: the store's admin could
         describe_target(postgres_store, source_target(postgres_store, "SELECT pg_read_file('/etc/hostname') FROM s"))
@@ -457,7 +466,7 @@ def test_the_subscribers_select_runs_as_an_unprivileged_reader(postgres_store: P
               "SELECT pg_read_file('/etc/hostname') FROM (SELECT 1")
     for read in (lambda conn: describe_columns(conn, changelog_table(PATH), hidden),
                  lambda conn: fetch_rows(conn, f"SELECT * FROM {changelog_table(PATH)}", hidden, [], 2)):
-        with postgres_store.reading(None) as conn, pytest.raises(HeadraceError) as two:
+        with reading(postgres_store) as conn, pytest.raises(HeadraceError) as two:
             read(conn)
         assert (two.value.sqlstate, two.value.message) == ("42601", "cannot insert multiple commands into a "
                                                                     "prepared statement")

@@ -20,7 +20,7 @@ import pytest
 from psycopg import errors
 
 from headrace.store.postgres_cluster import postmaster_pid
-from headrace.store.postgres_roles import SUBSCRIBE_READER_ROLE
+from headrace.store.postgres_roles import SUBSCRIBE_READER_ROLE, TABLE_WRITES_ROLE
 from headrace.store.postgres_server import (EMBEDDED_ADMIN_ROLE, STORE_DATABASE, PostgresStore, RoleMirrorError,
                                             StoreUnavailable, _socket_directory)
 from tests.real_servers.postgres import PostgresCluster
@@ -207,6 +207,9 @@ def test_the_admin_role_is_never_mirrored(embedded: PostgresStore) -> None:
     with pytest.raises(RoleMirrorError) as reserved:  # SUBSCRIBE's reader on the PostgreSQL serving store
         embedded.ensure_role(SUBSCRIBE_READER_ROLE, superuser=False)
     assert reserved.value.sqlstate == "42939"
+    with pytest.raises(RoleMirrorError) as writes:  # table writes' queries on the PostgreSQL serving store
+        embedded.ensure_role(TABLE_WRITES_ROLE, superuser=False)
+    assert writes.value.sqlstate == "42939"
 
 
 def test_concurrent_ensure_of_one_role(embedded: PostgresStore) -> None:

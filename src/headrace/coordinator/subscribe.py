@@ -32,7 +32,7 @@ from sqlglot import exp
 from headrace.catalog.catalog import Catalog
 from headrace.coordinator.responses import Column, Subscribing
 from headrace.coordinator.subscribe_postgres import (INPUT, allow_reading, check_functions, describe_columns,
-                                                     fetch_rows, subscriber_select)
+                                                     fetch_rows, reading, subscriber_select)
 from headrace.errors import FeatureNotSupported, HeadraceError, UndefinedObject
 from headrace.materialize.sources import source_binding
 from headrace.pgwire import types as pg
@@ -204,7 +204,7 @@ def describe_target(store: Store, target: SubscribeTarget) -> tuple[Column, ...]
     if isinstance(store, PostgresServingStore):  # PostgreSQL's types, sizes and modifiers; its errors
         path = target.resource_path
         allow_reading(store, [qualified_name(path), changelog_table(path)])  # what the stream reads, as the reader
-        with store.reading(None) as conn:
+        with reading(store) as conn:  # as the reader (coordinator/subscribe_postgres.py)
             return describe_columns(conn, changelog_table(path), target.select_sql)[2:]
     sql = f"WITH {INPUT} AS (SELECT * FROM {changelog_table(target.resource_path)} LIMIT 0) {target.select_sql}"
     with store.cursor() as cursor:
@@ -303,7 +303,7 @@ class SubscriptionStream:
     def _reading(self) -> Iterator[Any]:
         """One read-only transaction: a DuckDB cursor, or a PostgreSQL connection in REPEATABLE READ."""
         if isinstance(self.store, PostgresServingStore):
-            with self.store.reading(None) as conn:
+            with reading(self.store) as conn:  # as the reader (coordinator/subscribe_postgres.py)
                 with self._active_lock:
                     self._active = conn
                 try:

@@ -8,10 +8,13 @@ headrace has a codec for (arrays, interval, time, ...) is read as PostgreSQL's t
 it has none for stays PostgreSQL's text (pgwire sends unknown types as text). A value the codecs cannot hold exactly
 (an infinite timestamp, an interval with months) is refused (0A000), never sent altered.
 
-Privileges: the store's connections are its admin's (a superuser when embedded), so the SELECT around the
-subscriber's expressions runs as `headrace_subscribe_reader` instead (`SET LOCAL ROLE`, with `search_path` pg_catalog
-only): a NOLOGIN role that is never a superuser and may only SELECT the serving relations SUBSCRIBE and indexes read
-(granted as each is first described: `allow_reading`). So `pg_read_file`, `COPY ... PROGRAM` through a user's
+Privileges: the store's connections are its admin's (a superuser when embedded), so SUBSCRIBE's reads run on
+connections of their own that log in as `headrace_subscribe_reader` (`reading`, with `search_path` pg_catalog only): a
+role that is never a superuser and may only SELECT the serving relations SUBSCRIBE and indexes read (granted as each
+is first described: `allow_reading`) and the commit bookkeeping (checkpoints, changelog frontiers). Not `SET ROLE` on
+an admin connection: a session whose authenticated user is a superuser can take that back
+(`set_config('session_authorization', ...)`). Its password is made at each start, kept in memory only and sent as a
+SCRAM verifier. So `pg_read_file`, `COPY ... PROGRAM` through a user's
 function, `pg_terminate_backend` of others and the like get PostgreSQL's 42501, and a function or operator a user
 created is not found unless schema-qualified, which `check_functions` refuses, as it refuses the built-ins that run a
 query given as text (`query_to_xml`, `ts_stat`, ...), which could read other relations the role may read, and
@@ -24,11 +27,15 @@ DAYS'`)."""
 
 from __future__ import annotations
 
+import secrets
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.string import TextLoader
 from sqlglot import exp
 from sqlglot.tokens import TokenType
@@ -40,8 +47,9 @@ from headrace.sql.parser import Headrace
 from headrace.store.backend import BackendError
 from headrace.store.postgres_roles import MIRROR_LOCK_KEY as ROLES_LOCK_KEY  # GRANTs on one object serialize
 from headrace.store.postgres_roles import SUBSCRIBE_READER_ROLE
-from headrace.store.postgres_serving import PostgresServingStore
-from headrace.store.serving import quote_ident
+from headrace.catalog.roles import make_scram_verifier
+from headrace.store.postgres_serving import ConnectionPool, PostgresServingStore
+from headrace.store.serving import CHECKPOINTS_TABLE, FRONTIERS_TABLE, quote_ident
 
 Row = tuple[Any, ...]
 Decoder = Callable[[Any], Any]
@@ -55,7 +63,7 @@ _PSYCOPG_VALUES = frozenset({pg.INT2, pg.INT4, pg.INT8, pg.BOOL, pg.TEXT, pg.VAR
 _INTERVALS = frozenset({pg.INTERVAL, pg.pg_type(pg.INTERVAL).array_oid})
 READER_ROLE = SUBSCRIBE_READER_ROLE
 READER_MARK = "headrace: SUBSCRIBE reader"
-_AS_READER = f"SET LOCAL ROLE {READER_ROLE}; SET LOCAL search_path = pg_catalog"
+_AS_READER = "SET LOCAL search_path = pg_catalog"  # the reader's connections log in as READER_ROLE (`reading`)
 INPUT = "__hr_input"  # the CTE of changelog rows a target's SELECT reads (coordinator/subscribe.py)
 # Built-ins refused in a subscriber's SELECT: those that run a query (or read a relation) named in their arguments
 # would read past the FROM item; a session-level advisory lock would outlive the read on the pooled connection.
@@ -67,7 +75,7 @@ REFUSED_FUNCTIONS = {
     "ts_stat": _READS_BY_NAME, "ts_rewrite": _READS_BY_NAME,
     **{name: _OUTLIVES_THE_READ for name in ("pg_advisory_lock", "pg_advisory_lock_shared", "pg_try_advisory_lock",
                                              "pg_try_advisory_lock_shared")}}
-_readers_ready: set[str] = set()  # conninfos of stores whose reader role this process has set up
+_reader_pools: dict[str, ConnectionPool] = {}  # store conninfo -> READER_ROLE's connections, in this process
 _readers_lock = threading.Lock()
 _OPENING = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET})
 _CLOSING = frozenset({TokenType.R_PAREN, TokenType.R_BRACKET})
@@ -136,16 +144,44 @@ def check_functions(query: exp.Expr) -> None:
                 raise FeatureNotSupported(f"SUBSCRIBE (SELECT ...) cannot call {name.lower()}: {reason}")
 
 
+@contextmanager
+def reading(store: PostgresServingStore) -> Iterator[psycopg.Connection[Any]]:
+    """A connection logged in as READER_ROLE in a REPEATABLE READ, READ ONLY transaction (rolled back after)."""
+    with _reader_pool(store).connection() as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield conn
+
+
+def _reader_pool(store: PostgresServingStore) -> ConnectionPool:
+    with _readers_lock:
+        pool = _reader_pools.get(store.conninfo)
+        if pool is not None:
+            return pool
+        password = secrets.token_urlsafe(32)
+        with store.pool.connection() as conn:
+            _set_up_reader(conn, password)
+            conn.commit()
+        settings = conninfo_to_dict(store.conninfo)
+        for admin_only in ("password", "passfile", "sslcert", "sslkey", "sslpassword", "service", "options"):
+            settings.pop(admin_only, None)
+        pool = ConnectionPool(make_conninfo(**{**settings, "user": READER_ROLE, "password": password}))
+        _reader_pools[store.conninfo] = pool
+        return pool
+
+
+def close_reader_pool(store: PostgresServingStore) -> None:
+    with _readers_lock:
+        pool = _reader_pools.pop(store.conninfo, None)
+    if pool is not None:
+        pool.close()
+
+
 def allow_reading(store: PostgresServingStore, relations: Sequence[str]) -> None:
     """Let READER_ROLE SELECT these relations (qualified names) of the store: the role is set up once per process
     and store, then each relation it cannot read yet is granted (a table dropped and created again loses it)."""
+    _reader_pool(store)
     with store.pool.connection() as conn:
         try:
-            with _readers_lock:
-                if store.conninfo not in _readers_ready:
-                    _set_up_reader(conn)
-                    conn.commit()
-                    _readers_ready.add(store.conninfo)
             checks = ", ".join(["has_table_privilege(%s, %s, 'SELECT')"] * len(relations))
             allowed = conn.execute(f"SELECT {checks}", [v for r in relations for v in (READER_ROLE, r)]).fetchone()
             missing = [relation for relation, ok in zip(relations, allowed or (), strict=True) if not ok]
@@ -157,23 +193,27 @@ def allow_reading(store: PostgresServingStore, relations: Sequence[str]) -> None
             raise postgres_error(error) from None
 
 
-def _set_up_reader(conn: psycopg.Connection[Any]) -> None:
+def _set_up_reader(conn: psycopg.Connection[Any], password: str) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(%s)", [ROLES_LOCK_KEY])
-    found = conn.execute("SELECT shobj_description(oid, 'pg_authid'), rolsuper OR rolcanlogin OR rolcreatedb OR "
-                         "rolcreaterole OR rolreplication OR rolbypassrls FROM pg_roles WHERE rolname = %s",
-                         [READER_ROLE]).fetchone()
+    found = conn.execute("SELECT shobj_description(oid, 'pg_authid'), rolsuper OR rolcreatedb OR rolcreaterole OR "
+                         "rolreplication OR rolbypassrls FROM pg_roles WHERE rolname = %s", [READER_ROLE]).fetchone()
     if found is None:
-        conn.execute(f"CREATE ROLE {READER_ROLE} NOLOGIN NOINHERIT")
+        conn.execute(f"CREATE ROLE {READER_ROLE} NOINHERIT")
         conn.execute(f"COMMENT ON ROLE {READER_ROLE} IS '{READER_MARK}'")
     elif found[0] != READER_MARK:
         raise HeadraceError(f'role "{READER_ROLE}" exists in the store PostgreSQL and is not headrace\'s',
                             sqlstate="42710", hint="SUBSCRIBE reads as this role: drop or rename the other one")
-    elif found[1]:  # never more than a reader, whatever was done to it meanwhile (a superuser: PostgreSQL's 42501
-        # unless the admin is one too)
-        conn.execute(f"ALTER ROLE {READER_ROLE} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
-                     "NOBYPASSRLS")
+    elif found[1]:  # never more than a reader, whatever was done to it meanwhile (only a superuser admin may say
+        # NOSUPERUSER, so only when needed: a CREATEROLE admin could not have made it one)
+        conn.execute(f"ALTER ROLE {READER_ROLE} NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS")
+    # a new password for this process's connections
+    conn.execute(sql.SQL(f"ALTER ROLE {READER_ROLE} LOGIN PASSWORD {{}}").format(
+        sql.Literal(make_scram_verifier(password).text())))
+    database = conn.execute("SELECT current_database()").fetchone()
+    assert database is not None
+    conn.execute(f"GRANT CONNECT ON DATABASE {quote_ident(str(database[0]))} TO {READER_ROLE}")
     conn.execute(f"GRANT USAGE ON SCHEMA headrace_internal, public TO {READER_ROLE}")
-    conn.execute(f"GRANT {READER_ROLE} TO CURRENT_USER")  # SET ROLE needs it unless the admin is a superuser
+    conn.execute(f"GRANT SELECT ON {CHECKPOINTS_TABLE}, {FRONTIERS_TABLE} TO {READER_ROLE}")  # the read's frontiers
 
 
 def postgres_error(error: psycopg.Error) -> HeadraceError:
@@ -187,7 +227,7 @@ def postgres_error(error: psycopg.Error) -> HeadraceError:
 # The statements that hold the subscriber's text (describe_columns, fetch_rows) carry a parameter ($1, true): psycopg
 # then sends them with the extended protocol, in which PostgreSQL parses exactly one statement. Were sqlglot to lex
 # the text differently from PostgreSQL (quoting, comments), a second statement hidden in it (`...; COMMIT; ...`,
-# which would end the reader's SET LOCAL ROLE) is PostgreSQL's 42601 instead of run. RawCursor: `%` in the text is
+# which would end the read's transaction and its settings) is PostgreSQL's 42601 instead of run. RawCursor: `%` in the text is
 # not psycopg's placeholder syntax.
 
 def describe_columns(conn: psycopg.Connection[Any], changelog: str, select_sql: str) -> tuple[Column, ...]:

@@ -30,6 +30,8 @@ PASSWORDS_FILE = "store_roles.json"
 MIRROR_LOCK_KEY = 0x6865616472616365  # "headrace": the advisory lock of role mirroring
 # The unprivileged role SUBSCRIBE's SELECTs run as (coordinator/subscribe_postgres.py): never a mirrored role.
 SUBSCRIBE_READER_ROLE = "headrace_subscribe_reader"
+# The role a table write's own query runs as (store/table_reads_postgres.py): never a mirrored role either.
+TABLE_WRITES_ROLE = "headrace_table_writes"
 _LOCKED_DOWN = sql.SQL("LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS")
 
 
@@ -145,9 +147,9 @@ class RoleMirror:
         if role == self._admin_role:
             raise RoleMirrorError("42939", f'role "{role}" is the store PostgreSQL\'s admin role and cannot be '
                                            "mirrored: choose another role name")
-        if role == SUBSCRIBE_READER_ROLE:
-            raise RoleMirrorError("42939", f'role name "{role}" is reserved for SUBSCRIBE in the store PostgreSQL: '
-                                           "choose another role name")
+        if role in (SUBSCRIBE_READER_ROLE, TABLE_WRITES_ROLE):
+            raise RoleMirrorError("42939", f'role name "{role}" is reserved for headrace\'s own use in the store '
+                                           "PostgreSQL: choose another role name")
 
     def _refuse_foreign(self, role: str, existing: _Existing) -> None:
         if self._passwords is not None and not existing.marked:

@@ -38,13 +38,13 @@ from headrace.catalog.roles import make_scram_verifier
 from headrace.catalog.tables import Table, TableColumn
 from headrace.errors import HeadraceError
 from headrace.store.backend import BackendError
-from headrace.store.postgres_roles import MIRROR_LOCK_KEY
+from headrace.store.postgres_roles import MIRROR_LOCK_KEY, TABLE_WRITES_ROLE
 from headrace.store.postgres_serving import ConnectionPool, PostgresServingStore, column_type
 from headrace.store.serving import CHECKPOINTS_TABLE, INTERNAL_SCHEMA, PUBLIC_SCHEMA, qualified_name, quote_ident
 
 Key = tuple[Any, ...]
 Document = dict[str, Any]
-WRITE_ROLE = "headrace_table_writes"
+WRITE_ROLE = TABLE_WRITES_ROLE
 ASSIGN_TABLE = "hr_assign"  # the temporary table assigned values go through (pg_temp, dropped at rollback)
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 _EPOCH_NAIVE = datetime.datetime(1970, 1, 1)

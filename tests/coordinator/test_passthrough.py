@@ -13,7 +13,7 @@ import pytest
 
 from headrace.coordinator.client import AdapterClient, SessionClient
 from headrace.coordinator.passthrough import StoreRoutes
-from headrace.coordinator.responses import CommandComplete, ExecuteResponse, SendingRows
+from headrace.coordinator.responses import CommandComplete, CopyFrom, ExecuteResponse, SendingRows
 from headrace.errors import HeadraceError
 from headrace.pgwire.types import BINARY_FORMAT, INT4, TEXT_FORMAT, raw_converter
 from headrace.store.postgres_server import PostgresStore
@@ -292,4 +292,46 @@ def test_descriptions_are_kept_per_session_until_something_may_change_them(adapt
         await run(session, "SET search_path = pg_catalog, public")  # names may resolve otherwise: forgotten
         await run(session, "SELECT 1", describe=True)
         assert list(backend.descriptions) == [("SELECT 1", ())]
+    drive(adapter, body)
+
+
+def test_copy_from_stdin_into_a_store_relation_is_postgresqls_copy(adapter: AdapterClient) -> None:
+    async def body(session: SessionClient) -> None:
+        await run(session, "CREATE TABLE kept (id serial PRIMARY KEY, n name, at timestamptz)")  # the store's only
+        await session.prepare("", "COPY kept (n, at) FROM STDIN", ())
+        session.bind("", "", (), ())
+        started = await session.execute("", 0, asyncio.Event())
+        assert isinstance(started, CopyFrom) and started.relay and len(started.columns) == 2
+        done = await session.relay_copy(started, b"alpha\t2026-01-02 03:04:05+00\nbeta\t\\N\n")
+        assert done.tag == "COPY 2"
+        session.on_sync()
+        assert await rows(session, "SELECT id, n::text, at IS NULL FROM kept ORDER BY id") == [
+            (b"1", b"alpha", b"f"), (b"2", b"beta", b"t")]
+        # PostgreSQL parses the data: its error, its SQLSTATE; the session goes on
+        await session.prepare("", "COPY kept (n, at) FROM STDIN", ())
+        session.bind("", "", (), ())
+        started = await session.execute("", 0, asyncio.Event())
+        with pytest.raises(HeadraceError) as bad:
+            await session.relay_copy(started, b"gamma\tnot a time\n")  # type: ignore[arg-type]
+        assert bad.value.sqlstate == "22007" and "not a time" in bad.value.message
+        session.on_error()
+        session.on_sync()
+        # the client's CopyFail ends it with PostgreSQL's 57014
+        await session.prepare("", "COPY kept (n) FROM STDIN", ())
+        session.bind("", "", (), ())
+        started = await session.execute("", 0, asyncio.Event())
+        with pytest.raises(HeadraceError) as failed:
+            await session.relay_copy(started, None, "client gave up")  # type: ignore[arg-type]
+        assert failed.value.sqlstate == "57014" and "client gave up" in failed.value.message
+        session.on_error()
+        session.on_sync()
+        # a COPY a client left mid-way (no data, no end) is ended before the next statement
+        await session.prepare("", "COPY kept (n) FROM STDIN", ())
+        session.bind("", "", (), ())
+        await session.execute("", 0, asyncio.Event())
+        session.on_sync()
+        assert await rows(session, "SELECT count(*) FROM kept") == [(b"2",)]
+        with pytest.raises(HeadraceError) as missing:  # not headrace's, not the store's: PostgreSQL's 42P01
+            await run(session, "COPY nowhere FROM STDIN")
+        assert missing.value.sqlstate == "42P01"
     drive(adapter, body)

@@ -7,6 +7,7 @@ import asyncio
 import shutil
 import subprocess
 import uuid
+from decimal import Decimal
 from pathlib import Path
 
 import asyncpg
@@ -104,3 +105,28 @@ def test_psql_backslash_copy_from_into_a_source(server: HeadraceProcess, tmp_pat
     result = psql(server, "-At", "-f", "-", stdin=script)
     assert f'"{name}" is not a table' in result.stderr
     assert "still here" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("psql") is None, reason="psql not installed")
+def test_copy_from_stdin_into_a_table_only_the_store_keeps(server: HeadraceProcess, tmp_path: Path) -> None:
+    """`serial` makes the table the store PostgreSQL's own (docs/store.md): COPY FROM STDIN goes to its COPY as
+    the client sent it, in every format, and PostgreSQL's errors come back."""
+    name = f"copy_kept_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id serial PRIMARY KEY, label name, amount numeric(6,2))")
+        with conn.cursor().copy(f"COPY {name} (label, amount) FROM STDIN WITH (FORMAT csv)") as copy:
+            copy.write(b"a,1.5\nb,\n")
+        with conn.cursor().copy(f"COPY {name} (label, amount) FROM STDIN (FORMAT binary)") as copy:
+            copy.set_types(["name", "numeric"])
+            copy.write_row(("c", Decimal("2.25")))
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+            with conn.cursor().copy(f"COPY {name} (label, amount) FROM STDIN") as copy:
+                copy.write(b"d\t123456\n")
+        data = tmp_path / "in.txt"
+        data.write_text("e\t3\n")
+        result = psql(server, "-At", "-f", "-",
+                      stdin=f"\\copy {name} (label, amount) from '{data}'\nSELECT 'still here';\n")
+        assert result.returncode == 0 and "still here" in result.stdout, result.stderr
+        assert conn.execute(f"SELECT id, label::text, amount::text FROM {name} ORDER BY id").fetchall() == [
+            (1, "a", "1.50"), (2, "b", None), (3, "c", "2.25"), (4, "e", "3.00")]
+        conn.execute(f"DROP TABLE {name}")

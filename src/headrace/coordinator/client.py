@@ -159,6 +159,14 @@ class SessionClient:
                 self._session, target.target, target.columns, rows)
         return CommandComplete(f"COPY {count}")
 
+    async def relay_copy(self, target: CopyFrom, data: bytes | None, failure: str | None = None) -> CommandComplete:
+        """A COPY FROM STDIN into a relation only the store PostgreSQL keeps (`target.relay`): the client's data as
+        it sent it (None and `failure`: its CopyFail), for PostgreSQL's own COPY to parse."""
+        passthrough = self._coordinator.passthrough
+        assert passthrough is not None and target.relay
+        with self._possession(), io_faults_as_errors():
+            return await passthrough.relay_copy(self._session, data, failure)
+
     def cancel_running(self) -> None:
         if self._cancel is not None:
             self._cancel.set()

@@ -42,6 +42,7 @@ from headrace.coordinator.roles import ROLE_STATEMENTS, execute_role_statement
 from headrace.coordinator.session_sql import SESSION_STATEMENTS, SessionStatements
 from headrace.coordinator.passthrough import (
     Passthrough,
+    calls_session_function,
     is_temporary_table,
     mentions_headrace,
     reads_catalog,
@@ -68,7 +69,7 @@ from headrace.errors import (
     SyntaxError_,
     UndefinedObject,
 )
-from headrace.sql.ast import GrantPrivileges, SavepointStatement, ShowObjects, SubscribeStatement
+from headrace.sql.ast import CopyStatement, GrantPrivileges, SavepointStatement, ShowObjects, SubscribeStatement
 from headrace.sql.limits import off_loop
 from headrace.sql.parser import parse_client_statement, parse_statement
 from headrace.sql.table_statements import is_create_table, is_drop_table, is_write, table_from_create, write_target
@@ -188,6 +189,9 @@ class Coordinator:
             statement = await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
             statement.notice = refusal
             return statement
+        if self.passthrough is not None and self._copies_into_store(ast):
+            # COPY FROM STDIN into a relation only the store keeps: PostgreSQL's COPY takes the client's data as sent
+            return await self.passthrough.prepare(session, sql, param_types, ast, describe=False)
         if isinstance(ast, SESSION_STATEMENTS):
             return PreparedStatement(sql, ast, self.session_sql.describe(session, ast, param_types))
         if self.passthrough is not None and (is_query(ast) or is_write(ast) or isinstance(ast, SubscribeStatement)
@@ -275,8 +279,8 @@ class Coordinator:
         runs `ast` (not one of headrace's own statements): anything but a write to headrace's relations (headrace's:
         a table's writes feed the pipeline) and a statement over headrace's system relations (headrace_internal,
         mz_*); pg_catalog and information_schema are PostgreSQL's own, describing the real relations. A statement
-        that needs headrace only for a function of its session or catalog (`SELECT pg_backend_pid()`) stays
-        headrace's, as without the PostgreSQL serving store."""
+        that calls a function of headrace's session or process (`SELECT pg_backend_pid()`, `current_setting(...)`)
+        stays headrace's, as without the PostgreSQL serving store."""
         if is_write(ast):
             try:
                 target = write_target(ast)
@@ -288,7 +292,13 @@ class Coordinator:
             return False
         if reads_catalog(ast) or self._headrace_relations_read(ast):
             return True
-        return not mentions_headrace(ast, self._relation_named)
+        return not calls_session_function(ast)
+
+    def _copies_into_store(self, ast: exp.Expr) -> bool:
+        if not isinstance(ast, CopyStatement) or ast.args.get("direction") != "from" or not ast.args.get("table"):
+            return False
+        schema, name = ast.args["table"]
+        return not self._relation_named(schema or "public", name)
 
     def _headrace_relations_read(self, ast: exp.Expr) -> tuple[tuple[str | None, str], ...]:
         ctes = {cte.alias_or_name.lower() for cte in ast.find_all(exp.CTE)}

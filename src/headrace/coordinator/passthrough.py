@@ -25,11 +25,15 @@ from typing import Any
 import psycopg
 from sqlglot import exp
 
-from headrace.coordinator.responses import Column, CommandComplete, ExecuteResponse, SendingRows, StatementDescription
+from headrace.coordinator.responses import (Column, CommandComplete, CopyFrom, ExecuteResponse, SendingRows,
+                                            StatementDescription)
 from headrace.coordinator.session import Portal, PreparedStatement, Session
+from headrace.pgwire.copy_format import CopyOptions
+from headrace.pgwire.types import TEXT as TEXT_OID
 from headrace.pgwire.types import encode_value
 from headrace.coordinator.variables import ALIASES, known_value
-from headrace.sql.ast import DiscardStatement, ResetVariable, SavepointStatement, SetVariable, ShowVariable
+from headrace.sql.ast import (CopyStatement, DiscardStatement, ResetVariable, SavepointStatement, SetVariable,
+                              ShowVariable)
 from headrace.errors import HeadraceError
 from headrace.store.postgres_roles import RoleMirrorError
 from headrace.store.postgres_server import PostgresStore, StoreUnavailable
@@ -92,6 +96,23 @@ def reads_headrace_only(ast: exp.Expr) -> bool:
     """Whether `ast` reads a schema only headrace answers for even when the serving store is PostgreSQL (its
     system relations in headrace_internal, Materialize's mz_catalog / mz_internal)."""
     return any(table.name and table.db and table.db.lower() in _HEADRACE_ONLY_SCHEMAS for table in ast.find_all(exp.Table))
+
+
+# Of _HEADRACE_FUNCTIONS, those that answer from headrace's session or process rather than from relations: they stay
+# headrace's even when its relations live in the store PostgreSQL (the others, pg_get_viewdef, has_*_privilege,
+# to_regclass, obj_description ..., are then PostgreSQL's, over the real relations).
+_SESSION_FUNCTIONS = frozenset({"current_setting", "set_config", "version", "current_version", "current_database",
+                                "current_catalog", "pg_backend_pid", "pg_cancel_backend", "pg_terminate_backend",
+                                "pg_postmaster_start_time"})
+
+
+def calls_session_function(ast: exp.Expr) -> bool:
+    """Whether `ast` calls a function whose answer is headrace's session's or process's (_SESSION_FUNCTIONS)."""
+    for function in ast.find_all(exp.Func):
+        name = (function.name if isinstance(function, exp.Anonymous) else function.sql_name()).lower()
+        if name in _SESSION_FUNCTIONS:
+            return True
+    return False
 
 
 def reads_catalog(ast: exp.Expr) -> bool:
@@ -233,6 +254,13 @@ class Passthrough:
         if session.in_block and not backend.connection.in_transaction:
             await backend.connection.run("BEGIN")
         statement = portal.statement
+        if isinstance(statement.ast, CopyStatement):  # COPY <a relation of the store's> FROM STDIN
+            format_code, column_count = await backend.connection.start_copy_in(statement.sql)
+            portal.finished = True
+            table = statement.ast.args.get("table") or (None, "")
+            return CopyFrom((table[0] or "public", table[1]), tuple(Column(f"column{i + 1}", TEXT_OID)
+                                                                   for i in range(column_count)),
+                            CopyOptions(format="binary" if format_code == BINARY_FORMAT else "text"), relay=True)
         pairs = [_wire_parameter(value, oid) for value, oid
                  in zip(portal.params, statement_param_types(portal.statement), strict=True)]
         params = [data for _, data in pairs]
@@ -252,6 +280,12 @@ class Passthrough:
         if result.tag[-1:].isdigit():  # "SELECT 3", "INSERT 0 3": the count follows the rows paged out
             return SendingRows(columns, [], result.tag.rsplit(" ", 1)[0])  # the coordinator pages (max_rows)
         return SendingRows(columns, [], tag=result.tag)
+
+    async def relay_copy(self, session: Session, data: bytes | None, failure: str | None) -> CommandComplete:
+        """The client's data for the COPY FROM STDIN `execute` started (None and `failure`: its CopyFail)."""
+        backend = await self._backend(session, settle=False)
+        result = await backend.connection.finish_copy_in(data, failure)
+        return CommandComplete(result.tag, notices=tuple(result.notices))
 
     async def refuse_mixed(self, session: Session, ast: exp.Expr, relation_exists: RelationExists) -> None:
         """A statement headrace runs (it reads headrace's relations) that also names relations only the store
@@ -314,9 +348,16 @@ class Passthrough:
         self._executor.shutdown(wait=True, cancel_futures=False)
 
     # ---- helpers --------------------------------------------------------------------------------
-    async def _backend(self, session: Session) -> BackendState:
+    async def _backend(self, session: Session, *, settle: bool = True) -> BackendState:
+        """The session's backend, opened at its first use. `settle`: a relayed COPY FROM STDIN its client left
+        (an error or a disconnect mid-COPY) is ended first, as PostgreSQL ends it."""
         backend = self._backends.get(session.connection_id)
         if backend is not None and not backend.connection.closed:
+            if settle and backend.connection.copying_in:
+                try:
+                    await backend.connection.finish_copy_in(None, "COPY from stdin ended by the client")
+                except HeadraceError:
+                    pass  # PostgreSQL's 57014 for that COPY: already reported to the client by headrace
             return backend
         role = session.user
         await self._run(self._ensure_role, role, False)

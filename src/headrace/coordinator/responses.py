@@ -103,6 +103,9 @@ class CopyFrom:
     target: tuple[str, str]  # (schema, name)
     columns: tuple[Column, ...]
     options: CopyOptions
+    # A relation only the store PostgreSQL keeps: the data goes to its COPY as the client sent it, undecoded
+    # (SessionClient.relay_copy; coordinator/passthrough.py), and PostgreSQL parses it.
+    relay: bool = False
 
 
 @dataclass(frozen=True, slots=True)

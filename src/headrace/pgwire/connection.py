@@ -360,12 +360,17 @@ class PgConnection:
                 copy_in.receive(message.data)
                 return []
             if isinstance(message, messages.CopyFail):
+                if copy_in.response.relay:  # the store PostgreSQL ends its COPY with its own error
+                    await session.relay_copy(copy_in.response, None, message.message)
                 raise CopyIn.failed(message.message)
             if not isinstance(message, messages.CopyDone):
                 raise ProtocolViolation(f"unexpected message {type(message).__name__} during COPY from stdin")
             self._running_cancel = asyncio.Event()
             try:
-                result = await session.insert_rows(copy_in.response, copy_in.rows(), self._running_cancel)
+                if copy_in.response.relay:  # the store PostgreSQL's relation: its COPY parses the data
+                    result = await session.relay_copy(copy_in.response, bytes(copy_in.buffer))
+                else:
+                    result = await session.insert_rows(copy_in.response, copy_in.rows(), self._running_cancel)
             finally:
                 self._running_cancel = None
             self._out += messages.command_complete(result.tag)

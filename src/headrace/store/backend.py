@@ -25,6 +25,7 @@ TEXT_FORMAT = 0
 BINARY_FORMAT = 1
 
 _DIAGNOSTIC = pq.DiagnosticField
+_COPY_CHUNK = 128 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,7 @@ class BackendConnection:
         self._cancel = self._pgconn.get_cancel()
         self._notices: list[str] = []
         self._pgconn.notice_handler = self._on_notice
+        self._copying = False  # between start_copy_in and finish_copy_in
 
     @classmethod
     async def open(cls, conninfo: str) -> BackendConnection:
@@ -130,6 +132,45 @@ class BackendConnection:
         returns_rows = result.status == pq.ExecStatus.TUPLES_OK
         return BackendResult((result.command_status or b"").decode(), _columns(result) if returns_rows else None,
                              rows, result_format, self._notices)
+
+    async def start_copy_in(self, sql: str) -> tuple[int, int]:
+        """Send a `COPY ... FROM STDIN` (as the client wrote it) and leave the backend waiting for its data:
+        (overall format, column count) of PostgreSQL's CopyInResponse, for the client's. Then `finish_copy_in`."""
+        self._notices = []
+        self._pgconn.send_query(sql.encode())
+        try:
+            results = await wait_async(generators.execute(self._pgconn), self._pgconn.socket)
+        except psycopg.OperationalError as exc:
+            raise HeadraceError(f"lost the connection to the store PostgreSQL: {exc}", sqlstate="08006",
+                                http_status=503) from None
+        if results and results[-1].status == pq.ExecStatus.COPY_IN:
+            self._copying = True
+            return (BINARY_FORMAT if results[-1].binary_tuples else TEXT_FORMAT), results[-1].nfields
+        self._check(results)  # PostgreSQL's error (42P01, 42501 for a server file, ...)
+        raise HeadraceError("only COPY ... FROM STDIN is relayed to the store PostgreSQL", sqlstate="0A000")
+
+    @property
+    def copying_in(self) -> bool:
+        """A relayed COPY FROM STDIN waits for its data (`finish_copy_in` not called: the client went away)."""
+        return self._copying
+
+    async def finish_copy_in(self, data: bytes | None, failure: str | None = None) -> BackendResult:
+        """The client's COPY data (or its CopyFail message as `failure`, which PostgreSQL turns into its error)
+        after `start_copy_in`; PostgreSQL's command tag (`COPY 3`) or its error."""
+        socket = self._pgconn.socket
+        self._copying = False
+        try:
+            view = memoryview(data or b"")
+            for start in range(0, len(view), _COPY_CHUNK):  # libpq's queue takes bounded pieces (psycopg #255)
+                await wait_async(generators.copy_to(self._pgconn, view[start:start + _COPY_CHUNK]), socket)
+            result = await wait_async(generators.copy_end(self._pgconn, None if failure is None
+                                                          else failure.encode()), socket)
+        except psycopg.Error as exc:  # PostgreSQL's error for the COPY (57014 after a CopyFail is an OperationalError)
+            if exc.pgresult is None or self._pgconn.status != pq.ConnStatus.OK:
+                raise HeadraceError(f"lost the connection to the store PostgreSQL: {exc}", sqlstate="08006",
+                                    http_status=503) from None
+            raise BackendError(exc.pgresult, str(exc)) from None
+        return BackendResult((result.command_status or b"").decode(), None, [], TEXT_FORMAT, self._notices)
 
     async def run(self, sql: str) -> None:
         """A statement of headrace's own (BEGIN, COMMIT, a setting): its result is not the client's."""

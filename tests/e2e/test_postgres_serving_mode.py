@@ -54,7 +54,7 @@ def test_catalog_is_postgres_own(events: HeadraceProcess) -> None:
         assert columns == [("kind", "text"), ("n", "bigint"), ("total", "bigint")]
         # the catalog's functions are PostgreSQL's too (over the real relations); the session's stay headrace's
         conn.execute("CREATE OR REPLACE VIEW small AS SELECT kind FROM by_kind WHERE n < 4")
-        assert "WHERE (by_kind.n < 4)" in conn.execute("SELECT pg_get_viewdef('small', true)").fetchone()[0]
+        assert "by_kind.n < 4" in conn.execute("SELECT pg_get_viewdef('small', true)").fetchone()[0]
         assert conn.execute("SELECT to_regclass('by_kind')::text, has_table_privilege('by_kind', 'SELECT')"
                             ).fetchone() == ("by_kind", True)
         assert "headrace" in conn.execute("SELECT version()").fetchone()[0]

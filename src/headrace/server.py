@@ -23,6 +23,7 @@ from headrace.catalog.roles import RoleCatalog
 from headrace.coordinator.client import AdapterClient
 from headrace.coordinator.coordinator import Coordinator
 from headrace.coordinator.sources import DataLayout, SourceResources
+from headrace.coordinator.subscribe_postgres import close_reader_pool
 from headrace.http.app import ServerState, make_app, run_http
 from headrace.http.settings import HttpSettings
 from headrace.http.sql_api import set_sql_adapter
@@ -252,6 +253,8 @@ async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, 
         await coordinator.tables.close_all()
         executor.shutdown(wait=True)
         apply_executor.shutdown(wait=True)
+        if isinstance(store, PostgresServingStore):
+            close_reader_pool(store)  # SUBSCRIBE's reader connections (coordinator/subscribe_postgres.py)
         store.close()
 
 

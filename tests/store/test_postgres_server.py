@@ -364,3 +364,17 @@ def test_external_store_needs_createrole_and_the_database(external_cluster: Post
         failed.start()
     with pytest.raises(StoreUnavailable):  # sessions waiting for the store get the reason
         failed.ensure_role("alice", superuser=False)
+
+
+def test_a_role_login_carries_none_of_the_admins_credentials() -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    from headrace.store.postgres_roles import login_conninfo
+
+    admin = ("host=db.example port=5433 dbname=hr user=admin password=secret passfile=/root/.pgpass "
+             "sslmode=verify-full sslcert=/a.crt sslkey=/a.key options='-c search_path=admin'")
+    assert conninfo_to_dict(login_conninfo(admin, "alice", "pw", options="-c TimeZone=UTC")) == {
+        "host": "db.example", "port": "5433", "dbname": "hr", "sslmode": "verify-full", "user": "alice",
+        "password": "pw", "options": "-c TimeZone=UTC"}
+    assert conninfo_to_dict(login_conninfo(admin, "bob", None)) == {
+        "host": "db.example", "port": "5433", "dbname": "hr", "sslmode": "verify-full", "user": "bob"}

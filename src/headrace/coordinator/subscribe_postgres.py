@@ -35,7 +35,6 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.string import TextLoader
 from sqlglot import exp
 from sqlglot.tokens import TokenType
@@ -46,7 +45,7 @@ from headrace.pgwire import types as pg
 from headrace.sql.parser import Headrace
 from headrace.store.backend import BackendError
 from headrace.store.postgres_roles import MIRROR_LOCK_KEY as ROLES_LOCK_KEY  # GRANTs on one object serialize
-from headrace.store.postgres_roles import SUBSCRIBE_READER_ROLE
+from headrace.store.postgres_roles import SUBSCRIBE_READER_ROLE, login_conninfo
 from headrace.catalog.roles import make_scram_verifier
 from headrace.store.postgres_serving import ConnectionPool, PostgresServingStore
 from headrace.store.serving import CHECKPOINTS_TABLE, FRONTIERS_TABLE, quote_ident
@@ -161,10 +160,7 @@ def _reader_pool(store: PostgresServingStore) -> ConnectionPool:
         with store.pool.connection() as conn:
             _set_up_reader(conn, password)
             conn.commit()
-        settings = conninfo_to_dict(store.conninfo)
-        for admin_only in ("password", "passfile", "sslcert", "sslkey", "sslpassword", "service", "options"):
-            settings.pop(admin_only, None)
-        pool = ConnectionPool(make_conninfo(**{**settings, "user": READER_ROLE, "password": password}))
+        pool = ConnectionPool(login_conninfo(store.conninfo, READER_ROLE, password))
         _reader_pools[store.conninfo] = pool
         return pool
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psycopg
 from psycopg import errors, sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from headrace.catalog.roles import make_scram_verifier
 from headrace.durable import replace_file_durably
@@ -33,6 +34,20 @@ SUBSCRIBE_READER_ROLE = "headrace_subscribe_reader"
 # The role a table write's own query runs as (store/table_reads_postgres.py): never a mirrored role either.
 TABLE_WRITES_ROLE = "headrace_table_writes"
 _LOCKED_DOWN = sql.SQL("LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS")
+# What of the admin's conninfo is the admin's own: never carried into another role's login.
+_ADMIN_CREDENTIALS = ("password", "passfile", "sslcert", "sslkey", "sslpassword", "service", "options")
+
+
+def login_conninfo(admin_conninfo: str, role: str, password: str | None, *, options: str | None = None) -> str:
+    """The admin's conninfo (host, port, database, TLS mode) logging in as `role` instead: none of the admin's
+    credentials or session options, the role's own password and startup `options` if any."""
+    settings = {key: value for key, value in conninfo_to_dict(admin_conninfo).items() if key not in _ADMIN_CREDENTIALS}
+    settings["user"] = role
+    if password:
+        settings["password"] = password
+    if options:
+        settings["options"] = options
+    return make_conninfo(**settings)
 
 
 class RoleMirrorError(Exception):

@@ -37,7 +37,7 @@ from headrace.store.postgres_cluster import (ClusterCommandFailed, PostgresNotIn
                                              give_private_directory_in_shared_place, initdb, log_tail, make_reachable,
                                              pg_ctl_start, pg_ctl_stop, postmaster_pid, server_account,
                                              write_as_account)
-from headrace.store.postgres_roles import PASSWORDS_FILE, RoleMirror, RoleMirrorError, RolePasswords
+from headrace.store.postgres_roles import PASSWORDS_FILE, RoleMirror, RoleMirrorError, RolePasswords, login_conninfo
 
 __all__ = ["PostgresStore", "StoreUnavailable", "RoleMirrorError", "EMBEDDED_ADMIN_ROLE", "STORE_DATABASE"]
 
@@ -271,11 +271,7 @@ class PostgresStore:
         """A conninfo that logs in as `role` (mirrored first by `ensure_role`), never with the admin's credentials."""
         if self._embedded is not None:
             return self._embedded.conninfo(role)
-        parameters = conninfo_to_dict(self.admin_conninfo)
-        for admin_credential in ("password", "passfile", "sslcert", "sslkey", "sslpassword", "service"):
-            parameters.pop(admin_credential, None)
-        password = self._roles.password_of(role)
-        return make_conninfo(**{**parameters, "user": role, **({"password": password} if password else {})})
+        return login_conninfo(self.admin_conninfo, role, self._roles.password_of(role))
 
     def ensure_role(self, role: str, *, superuser: bool, recheck: bool = False) -> None:
         """Mirror `role` as a login role that is never a PostgreSQL superuser (store/postgres_roles.py); idempotent,

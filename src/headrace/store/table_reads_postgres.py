@@ -32,13 +32,12 @@ from typing import Any
 import orjson
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from headrace.catalog.roles import make_scram_verifier
 from headrace.catalog.tables import Table, TableColumn
 from headrace.errors import HeadraceError
 from headrace.store.backend import BackendError
-from headrace.store.postgres_roles import MIRROR_LOCK_KEY, TABLE_WRITES_ROLE
+from headrace.store.postgres_roles import MIRROR_LOCK_KEY, TABLE_WRITES_ROLE, login_conninfo
 from headrace.store.postgres_serving import ConnectionPool, PostgresServingStore, column_type
 from headrace.store.serving import CHECKPOINTS_TABLE, INTERNAL_SCHEMA, PUBLIC_SCHEMA, qualified_name, quote_ident
 
@@ -83,12 +82,8 @@ def ensure_write_role(store: PostgresServingStore) -> ConnectionPool:
             conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {schemas} TO {WRITE_ROLE}")
             conn.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA {schemas} GRANT SELECT ON TABLES TO {WRITE_ROLE}")
             conn.commit()
-        settings = conninfo_to_dict(store.conninfo)
-        for admin_only in ("password", "passfile", "sslcert", "sslkey", "sslpassword", "service", "options"):
-            settings.pop(admin_only, None)
         # the pool's session settings as startup options, so DISCARD ALL after each use returns to them
-        pool = ConnectionPool(make_conninfo(**{**settings, "user": WRITE_ROLE, "password": password,
-                                               "options": _STARTUP_OPTIONS}))
+        pool = ConnectionPool(login_conninfo(store.conninfo, WRITE_ROLE, password, options=_STARTUP_OPTIONS))
         _write_pools[store.conninfo] = pool
         return pool
 

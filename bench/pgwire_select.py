@@ -11,9 +11,10 @@ Both servers get the same 10,000 rows (k -> v) and run on this machine:
 pgbench: `\\set k random(1,10000)` + the point SELECT, -n -c 8 -j 1 -T <seconds>, -M simple, extended and
 prepared. SELECT 1: 2,000 queries over one psycopg connection, simple protocol (PQexec) and
 psycopg's default (extended, server-side prepared after 5 runs); p50/p99.
-Targets (issue 3): headrace >= 50% of PostgreSQL's tps; SELECT 1 p50 <= 1 ms.
+Targets: headrace through the index >= 100% of PostgreSQL's tps (issue 16; was >= 50%, issue 3) on either serving
+store (--serving-store); SELECT 1 p50 <= 1 ms.
 
-    .venv/bin/python bench/pgwire_select.py [--seconds 10] [--clients 8] [--skip-postgres]
+    .venv/bin/python bench/pgwire_select.py [--seconds 10] [--clients 8] [--skip-postgres] [--serving-store postgres]
 """
 
 from __future__ import annotations
@@ -194,6 +195,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--skip-postgres", action="store_true")
+    parser.add_argument("--serving-store", choices=("duckdb", "postgres"), default=None,
+                        help="headrace's serving store (default: the server's default); the index answers lookups on both")
     parser.add_argument("--webhook-source", action="store_true",
                         help="headrace reads a webhook source (body->>'v' by idempotency_key) instead of a table")
     args = parser.parse_args()
@@ -205,7 +208,8 @@ def main() -> None:
             with postgres_server(workdir) as dsn:
                 load_postgres(dsn)
                 postgres = measure("PostgreSQL 15", dsn, POSTGRES_QUERY, args, workdir)
-        server = HeadraceProcess(workdir / "data")
+        server = HeadraceProcess(workdir / "data",
+                                 ("--serving-store", args.serving_store) if args.serving_store else ())
         server.start()
         try:
             if args.webhook_source:
@@ -218,7 +222,8 @@ def main() -> None:
             server.stop()
     if postgres:
         for mode in MODES:
-            print(f"headrace / PostgreSQL tps, -M {mode}: {headrace[mode] / postgres[mode]:.0%} (target >= 50%)")
+            print(f"headrace / PostgreSQL tps, -M {mode}: {headrace[mode] / postgres[mode]:.0%} "
+                  "(target >= 100% through the index, issue 16)")
     print(f"headrace SELECT 1 p50: {headrace['select1-simple']:.3f} ms simple, "
           f"{headrace['select1-extended']:.3f} ms extended (target <= 1 ms)")
 

@@ -22,9 +22,10 @@ from headrace.catalog.host_access import HostAccess
 from headrace.catalog.roles import RoleCatalog
 from headrace.coordinator.client import AdapterClient
 from headrace.coordinator.coordinator import Coordinator
+from headrace.coordinator.fast_path import FastPathCollector
 from headrace.coordinator.sources import DataLayout, SourceResources
 from headrace.coordinator.subscribe_postgres import close_reader_pool
-from headrace.http.app import ServerState, make_app, run_http
+from headrace.http.app import ServerState, make_app, register_metrics, run_http
 from headrace.http.settings import HttpSettings
 from headrace.http.sql_api import set_sql_adapter
 from headrace.materialize.driver import Connector, TransactorFactory, start_driver_server
@@ -214,6 +215,7 @@ async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, 
     coordinator = Coordinator(catalog, resources, executor, supervisor.update, roles=roles,
                               system_tables=SystemTables(registry, supervisor.status),
                               on_views_changed=supervisor.update_views, host_access=host_access, postgres=postgres)
+    register_metrics(http_app, FastPathCollector(coordinator.fast_path))
     # Materialized views: restore what a crash left half-made (tables, public relations), inputs first.
     await asyncio.get_running_loop().run_in_executor(executor, coordinator.views.ensure_all)
     await coordinator.tables.open_all()  # tables: store tables, public relations, logs (coordinator/tables.py)

@@ -180,9 +180,11 @@ class Coordinator:
             reads = self._headrace_relations_read(ast) if self.serving_on_postgres else ()
             if not reads:
                 self.passthrough.routes.remember(fingerprint, sql)
-            statement = await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
+            # a point lookup an index could answer: described now (PostgreSQL's columns), then answered from the index
+            lookup = bool(reads) and not parsed_off_loop and self.fast_path.could_answer(ast, param_types)
+            statement = await self.passthrough.prepare(session, sql, param_types, ast, describe=describe or lookup)
             statement.store_reads = reads
-            return statement
+            return self.fast_path.learn(sql, param_types, ast, statement, fingerprint) if lookup else statement
         if self.passthrough is not None and store_setting(session, ast):
             return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
         if self.passthrough is not None and (refusal := self._table_only_the_store_keeps(ast, sql)) is not None:
@@ -250,8 +252,11 @@ class Coordinator:
             return None  # execute() decides whether the read must be refused
         if self.tables.behind(statement.shape_sql or statement.sql):
             return None
-        if statement.plan is not None and not self.privileges.may_read(session.user, statement.plan.relations):
+        relations = statement.plan.relations if statement.plan is not None else statement.store_reads
+        if not self.privileges.may_read(session.user, relations):
             return None  # execute() raises the 42501
+        if statement.store_reads and session.in_block:
+            return None  # execute() has PostgreSQL answer: its snapshot, as the transaction's isolation says
         return self.fast_path.answer_now(statement, params)
 
     def _is_postgres_statement(self, ast: exp.Expr) -> bool:
@@ -370,6 +375,8 @@ class Coordinator:
         assert ast is not None
         if statement.plan is not None:  # SELECT, COPY (query) TO, a cursor's query, an index lookup
             self.privileges.require_relations(session.user, statement.plan.relations)
+        elif statement.store_reads:  # an index lookup on the PostgreSQL serving store
+            self.privileges.require_relations(session.user, statement.store_reads)
         elif isinstance(ast, SubscribeStatement):
             self._authorize_subscribe(session, ast)
         if statement.plan is not None or isinstance(statement, FastStatement) or isinstance(ast, SubscribeStatement):
@@ -413,6 +420,23 @@ class Coordinator:
             return _next_rows(portal, max_rows, tag_verb=response.tag_verb)
         portal.finished = True
         return response
+
+    async def run_on_store(self, session: Session, portal: Portal, max_rows: int,
+                           cancel: asyncio.Event) -> ExecuteResponse:
+        """An index lookup on the PostgreSQL serving store that its index declined (coordinator/fast_path.py):
+        PostgreSQL runs its text, with its parameters re-encoded (headrace decoded them for the index)."""
+        assert self.passthrough is not None
+        statement = portal.statement
+        await self._sync_store_grants()
+        relayed = Portal(PreparedStatement(statement.sql, statement.ast, statement.description, backend=True,
+                                           store_reads=statement.store_reads),
+                         portal.params, binary=portal.binary, result_formats=portal.result_formats)
+        response = await self.passthrough.execute(session, relayed, cancel)
+        if not isinstance(response, SendingRows):
+            portal.finished = True
+            return response
+        portal.columns, portal.pending_rows = relayed.columns, relayed.pending_rows
+        return _next_rows(portal, max_rows, tag_verb=response.tag_verb, tag=response.tag)
 
     async def _execute_command(self, session: Session, ast: exp.Expr, sql: str) -> ExecuteResponse:
         refuse_store_only_functions(ast)  # a view's or a SUBSCRIBE's query

@@ -10,6 +10,12 @@ other conjuncts of that same form checked on the rows found, projections `*`, pl
 (a `->>` giving a float or an object), runs in DuckDB as before: the fast path answers or declines, it
 never guesses. The RowDescription is the DuckDB plan's own (planned once per statement shape).
 
+With the PostgreSQL serving store the same lookups are answered from the same arrangements: the statement is
+described by PostgreSQL (its RowDescription and parameter types), and a lookup the fast path declines, or one
+inside a transaction block (where PostgreSQL's snapshot rules apply), is run by PostgreSQL instead
+(`Coordinator.run_on_store`). Only columns whose values print exactly as PostgreSQL prints them are projected
+(STORE_EXACT_TYPES).
+
 Simple-protocol clients send a new text per lookup (`... WHERE k = 42`), so a SELECT's literals are
 normalized away (`normalize_literals`): the first text of a shape is planned as usual, later ones with
 other literal values reuse its analysis with their own values, and skip parsing and DuckDB altogether.
@@ -20,13 +26,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from sqlglot import exp
 
-from headrace.coordinator.responses import Column, SendingRows
+from headrace.coordinator.responses import Column, ExecuteResponse, SendingRows, StatementDescription
 from headrace.coordinator.session import Portal, PreparedStatement
 from headrace.pgwire import types as pg
 from headrace.sql.parser import parse_statement
@@ -45,6 +53,9 @@ INT_TYPES = frozenset({pg.INT2, pg.INT4, pg.INT8})
 TEXT_TYPES = frozenset({pg.TEXT, pg.VARCHAR})
 KEY_TYPES = INT_TYPES | TEXT_TYPES | {pg.BOOL}
 JSON_TYPES = frozenset({pg.JSON, pg.JSONB})
+# Values the arrangement holds (decoded from PostgreSQL's text) that headrace's encoders print byte for byte as
+# PostgreSQL does, whatever the session's settings: the columns a lookup on the PostgreSQL store may project.
+STORE_EXACT_TYPES = INT_TYPES | TEXT_TYPES | {pg.BOOL, pg.NUMERIC}
 FROM_KEY = "from_" if "from_" in exp.Select.arg_types else "from"
 # Select arguments a point lookup may have; any other one set (GROUP BY, LIMIT, DISTINCT, ...) is not.
 _ALLOWED_SELECT_ARGS = frozenset({"expressions", FROM_KEY, "where", "kind"})
@@ -94,6 +105,21 @@ def _as_int(value: Any) -> int:
     raise Declined
 
 
+_INT_RANGE = {pg.INT2: 1 << 15, pg.INT4: 1 << 31, pg.INT8: 1 << 63}
+
+
+def _int_of(type_oid: int) -> Callable[[Any], int]:
+    """A compared value as the column's integer: text out of the type's range is the database's 22003 to report."""
+    bound = _INT_RANGE[type_oid]
+
+    def convert(value: Any) -> int:
+        number = _as_int(value)
+        if isinstance(value, str) and not -bound <= number < bound:
+            raise Declined
+        return number
+    return convert
+
+
 def _as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -111,7 +137,7 @@ def _as_bool(value: Any) -> bool:
 def conversion_to(type_oid: int) -> Callable[[Any], Any]:
     """How a compared value becomes the column's Python value (raising Declined when unsure)."""
     if type_oid in INT_TYPES:
-        return _as_int
+        return _int_of(type_oid)
     if type_oid in TEXT_TYPES:
         return lambda value: value if isinstance(value, str) else _refuse()
     if type_oid == pg.BOOL:
@@ -294,6 +320,13 @@ class _Analysis:
         return None
 
 
+def _prints_as(stored: int, shown: int) -> bool:
+    """Whether a value the index holds as `stored` prints as the query's `shown` column does: the same type, or a
+    text kept as text and shown as varchar(n), an integer kept wider than its declared int2 (the write checked it
+    fits)."""
+    return stored == shown or stored in TEXT_TYPES and shown in TEXT_TYPES or stored in INT_TYPES and shown in INT_TYPES
+
+
 def _conjuncts(node: exp.Expr) -> list[exp.Expr]:
     if isinstance(node, exp.And):
         return _conjuncts(node.this) + _conjuncts(node.expression)
@@ -305,8 +338,9 @@ def _conjuncts(node: exp.Expr) -> list[exp.Expr]:
 def analyse(ast: exp.Expr, param_types: Sequence[int], output: Sequence[Column] | None,
             indexes_on: Callable[[str, str], list[IndexedRelation]], generation: int,
             literal_slot: Callable[[exp.Literal], int | None]) -> FastPlan | None:
-    """The fast plan for a statement, or None if no index can answer it exactly."""
-    if not isinstance(ast, exp.Select) or output is None:
+    """The fast plan for a statement, or None if no index can answer it exactly. `output` None: whether an index
+    could answer it, before its result columns are known (they are not checked)."""
+    if not isinstance(ast, exp.Select):
         return None
     if any(value for key, value in ast.args.items() if key not in _ALLOWED_SELECT_ARGS) or ast.args.get("kind"):
         return None
@@ -337,8 +371,8 @@ def analyse(ast: exp.Expr, param_types: Sequence[int], output: Sequence[Column] 
                 if projected is None:
                     return None
                 projections += projected
-            if len(projections) != len(output) or any(
-                    kind == "column" and index.columns[position].type_oid != column.type_oid
+            if output is not None and len(projections) != len(output) or output is not None and any(
+                    kind == "column" and not _prints_as(index.columns[position].type_oid, column.type_oid)
                     or kind == "json_text" and column.type_oid != pg.TEXT
                     for (kind, position, _), column in zip(projections, output)):
                 return None
@@ -391,14 +425,32 @@ class FastPath:
             return None
         cached = shape.statement
         values = tuple(literal_value(written) if i in shape.slots else None for i, written in enumerate(literals))
-        return FastStatement(sql, cached.ast, cached.description, cached.plan, fast=cached.fast, literals=values,
-                             exact=sql == cached.sql, shape_sql=cached.sql)
+        return FastStatement(sql, cached.ast, cached.description, cached.plan, store_reads=cached.store_reads,
+                             fast=cached.fast, literals=values, exact=sql == cached.sql, shape_sql=cached.sql)
+
+    def could_answer(self, ast: exp.Expr, param_types: Sequence[int]) -> bool:
+        """Whether an index could answer `ast` (its result columns not known yet): worth describing it to learn."""
+        return analyse(ast, param_types, None, self.indexes.indexed_relations, self.generation(),
+                       lambda _literal: None) is not None
 
     def learn(self, sql: str, param_types: Sequence[int], ast: exp.Expr, statement: PreparedStatement,
               fingerprint: Hashable) -> PreparedStatement:
-        """The statement as a FastStatement if an index can answer it; remembers its shape."""
-        if statement.plan is None or statement.plan.session_inputs or statement.plan.reads_system_catalog:
+        """The statement as a FastStatement if an index can answer it; remembers its shape. `statement`: planned by
+        headrace (DuckDB), or described by the PostgreSQL serving store (`store_reads`: its relations)."""
+        columns = statement.description.columns
+        if columns is None:
             return statement
+        on_store = bool(statement.store_reads)
+        if on_store:
+            if any(column.type_oid not in STORE_EXACT_TYPES for column in columns):
+                return statement
+            # headrace decodes the parameters (the index compares Python values); PostgreSQL gets them re-encoded
+            # when it answers instead (Coordinator.run_on_store)
+            description = StatementDescription(statement.description.param_types, columns)
+        elif statement.plan is None or statement.plan.session_inputs or statement.plan.reads_system_catalog:
+            return statement
+        else:
+            description = statement.description
         normalized = normalize_literals(sql)
         literal_texts: list[str] = list(normalized[1]) if normalized else []
         used: set[int] = set()
@@ -413,13 +465,13 @@ class FastPath:
             used.add(matches[0])
             return matches[0]
 
-        fast = analyse(ast, statement.description.param_types, statement.description.columns,
-                       self.indexes.indexed_relations,
-                       self.generation(), literal_slot)
+        fast = analyse(ast, description.param_types, columns, self.indexes.indexed_relations, self.generation(),
+                       literal_slot)
         if fast is None:
             return statement
         values = tuple(literal_value(text) if i in used else None for i, text in enumerate(literal_texts))
-        result = FastStatement(sql, statement.ast, statement.description, statement.plan, fast=fast, literals=values, exact=True)
+        result = FastStatement(sql, statement.ast, description, statement.plan, store_reads=statement.store_reads,
+                               fast=fast, literals=values, exact=True)
         if normalized is not None:
             fixed = tuple((i, text) for i, text in enumerate(literal_texts) if i not in used)
             self._shapes[(normalized[0], tuple(param_types), fingerprint)] = _Shape(frozenset(used), fixed, result)
@@ -429,7 +481,7 @@ class FastPath:
 
     # -- execute ---------------------------------------------------------------------------------
     async def execute(self, coordinator: Coordinator, session: Session, portal: Portal, max_rows: int,
-                      cancel: asyncio.Event) -> SendingRows:
+                      cancel: asyncio.Event) -> ExecuteResponse:
         return await execute(self, coordinator, session, portal, max_rows, cancel)
 
     async def answer(self, statement: FastStatement, params: Sequence[Any]) -> list[Row] | None:
@@ -477,15 +529,19 @@ class FastPath:
 
 
 async def execute(fast_path: FastPath, coordinator: Coordinator, session: Session, portal: Portal, max_rows: int,
-                  cancel: asyncio.Event) -> SendingRows:
+                  cancel: asyncio.Event) -> ExecuteResponse:
     """Execute a FastStatement's portal: from the index, else (declined) in DuckDB."""
     statement = portal.statement
     assert isinstance(statement, FastStatement)
     description = statement.description.columns
     assert description is not None
+    if statement.store_reads and session.in_block:  # PostgreSQL's snapshot, as the transaction's isolation says
+        return await coordinator.run_on_store(session, portal, max_rows, cancel)
     rows = await fast_path.answer(statement, portal.params)
     if rows is not None:
         return next_rows(portal, description, rows, max_rows)
+    if statement.store_reads:
+        return await coordinator.run_on_store(session, portal, max_rows, cancel)
     plan = statement.plan
     if not statement.exact or plan is None:  # the cached plan holds another text's literals: plan this one
         plan = plan_select(parse_statement(statement.sql), coordinator._relation_exists, ())
@@ -505,3 +561,18 @@ def next_rows(portal: Portal, columns: tuple[Column, ...], rows: list[Row], max_
     portal.rows_sent += len(rows)
     portal.finished = True
     return SendingRows(columns, rows, "SELECT")
+
+
+class FastPathCollector(Collector):
+    """`headrace_index_lookups_total{outcome}`: point lookups an index answered, and those it declined (the
+    serving store answered them), read at scrape time."""
+
+    def __init__(self, fast_path: FastPath) -> None:
+        self._fast_path = fast_path
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("headrace_index_lookups", "Point lookups by whether an index's arrangement "
+                                     "answered them or declined them to the serving store.", labels=["outcome"])
+        family.add_metric(["answered"], self._fast_path.answered)
+        family.add_metric(["declined"], self._fast_path.declined)
+        yield family

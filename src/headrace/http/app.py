@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.registry import Collector
 
 from headrace.http.body import BodyTimeout, read_body, request_timeout
 from headrace.http.error_log import RequestErrorLogger
@@ -33,7 +34,7 @@ from headrace.http.webhook_endpoint import Reply, ServerState, WebhookEndpoint
 from headrace.webhook.ingest import IngestRegistry
 from headrace.webhook.metrics import WebhookCollector
 
-__all__ = ["MAX_BODY_BYTES", "ServerState", "make_app", "run_http"]
+__all__ = ["MAX_BODY_BYTES", "ServerState", "make_app", "register_metrics", "run_http"]
 
 MAX_BODY_BYTES = 5 << 20  # the default of IngestSettings.max_body_bytes, as Materialize
 WEBHOOK_ROUTE = "/api/webhook/{database}/{schema}/{name}"
@@ -41,6 +42,7 @@ WEBHOOK_ROUTE = "/api/webhook/{database}/{schema}/{name}"
 _REGISTRY: web.AppKey[IngestRegistry] = web.AppKey("headrace_ingest_registry", IngestRegistry)
 _ENDPOINT: web.AppKey[WebhookEndpoint] = web.AppKey("headrace_webhook_endpoint", WebhookEndpoint)
 _SETTINGS: web.AppKey[HttpSettings] = web.AppKey("headrace_http_settings", HttpSettings)
+_METRICS: web.AppKey[CollectorRegistry] = web.AppKey("headrace_metrics", CollectorRegistry)
 
 
 def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerState = lambda: True,
@@ -58,6 +60,7 @@ def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerStat
     app.router.add_route("*", WEBHOOK_ROUTE, _AiohttpWebhook(endpoint, http.body_timeout_s).handle)
     metrics_registry = CollectorRegistry(auto_describe=False)
     metrics_registry.register(WebhookCollector(lambda: [(key, ingestor.metrics) for key, ingestor in registry.items()]))
+    app[_METRICS] = metrics_registry
 
     async def metrics(_request: web.Request) -> web.Response:
         response = web.Response(body=generate_latest(metrics_registry))
@@ -67,6 +70,11 @@ def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerStat
     app.router.add_get("/metrics", metrics)
     add_sql_routes(app, http.allowed_origins, http.body_timeout_s)  # POST /api/sql, WebSocket /api/experimental/sql (http/sql_api.py)
     return app
+
+
+def register_metrics(app: web.Application, collector: Collector) -> None:
+    """Serve `collector`'s families on GET /metrics too (parts made after the app: the coordinator's)."""
+    app[_METRICS].register(collector)
 
 
 async def run_http(app: web.Application, host: str, port: int) -> HttpFront:

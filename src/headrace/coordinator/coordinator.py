@@ -184,7 +184,11 @@ class Coordinator:
             lookup = bool(reads) and not parsed_off_loop and self.fast_path.could_answer(ast, param_types)
             statement = await self.passthrough.prepare(session, sql, param_types, ast, describe=describe or lookup)
             statement.store_reads = reads
-            return self.fast_path.learn(sql, param_types, ast, statement, fingerprint) if lookup else statement
+            if lookup:
+                statement = self.fast_path.learn(sql, param_types, ast, statement, fingerprint)
+                if isinstance(statement, FastStatement):  # known by its text from now on, as a planned one
+                    self.plan_cache.put(sql, param_types, statement)
+            return statement
         if self.passthrough is not None and store_setting(session, ast):
             return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
         if self.passthrough is not None and (refusal := self._table_only_the_store_keeps(ast, sql)) is not None:

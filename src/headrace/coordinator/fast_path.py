@@ -60,6 +60,7 @@ FROM_KEY = "from_" if "from_" in exp.Select.arg_types else "from"
 # Select arguments a point lookup may have; any other one set (GROUP BY, LIMIT, DISTINCT, ...) is not.
 _ALLOWED_SELECT_ARGS = frozenset({"expressions", FROM_KEY, "where", "kind"})
 _CACHE_CAPACITY = 1024
+_PARAMETERS_CHECKED = 64  # a lookup's $n beyond this is no point lookup worth answering from an index
 
 
 class Declined(Exception):
@@ -430,7 +431,9 @@ class FastPath:
 
     def could_answer(self, ast: exp.Expr, param_types: Sequence[int]) -> bool:
         """Whether an index could answer `ast` (its result columns not known yet): worth describing it to learn."""
-        return analyse(ast, param_types, None, self.indexes.indexed_relations, self.generation(),
+        # parameters the client left untyped ($1 with type 0) are typed by the description: any may be compared
+        untyped = tuple(param_types) + (0,) * max(0, _PARAMETERS_CHECKED - len(param_types))
+        return analyse(ast, untyped, None, self.indexes.indexed_relations, self.generation(),
                        lambda _literal: None) is not None
 
     def learn(self, sql: str, param_types: Sequence[int], ast: exp.Expr, statement: PreparedStatement,

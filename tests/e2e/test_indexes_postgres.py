@@ -12,7 +12,7 @@ import urllib.request
 import psycopg
 import pytest
 
-from tests.e2e.server_process import HeadraceProcess
+from tests.e2e.server_process import HeadraceProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -23,6 +23,17 @@ def answered_by_index(server: HeadraceProcess) -> int:
     found = re.search(r'^headrace_index_lookups_total\{outcome="answered"\} (\S+)$', text, re.MULTILINE)
     assert found is not None, text
     return int(float(found.group(1)))
+
+
+def wait_until_applied(conn: psycopg.Connection, table: str) -> None:
+    """The table's first write applied: its streaming query may take longer to start than one read waits (60 s)
+    on a loaded machine."""
+    def applied() -> bool:
+        try:
+            return conn.execute(f"SELECT count(*) > 0 FROM {table}").fetchone() == (True,)
+        except psycopg.errors.CannotConnectNow:
+            return False
+    wait_for(applied, 300, message=f"{table}'s first write applied")
 
 
 def lookup_and_store(conn: psycopg.Connection, k: object, *, binary: bool) -> list[tuple]:
@@ -42,6 +53,7 @@ def test_lookups_are_answered_by_the_index_as_postgresql_answers_them(pg_serving
     with psycopg.connect(server.dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE pgidx_kv (k int PRIMARY KEY, v varchar(10), n bigint, price numeric(8,2))")
         conn.execute("INSERT INTO pgidx_kv VALUES (1, 'one', 10, 1.5), (2, 'two', NULL, 2), (3, NULL, 30, NULL)")
+        wait_until_applied(conn, "pgidx_kv")
         conn.execute("CREATE INDEX pgidx_kv_k ON pgidx_kv (k)")
         before = answered_by_index(server)
         for k in (1, 2, 3, 4):
@@ -79,6 +91,7 @@ def test_a_role_without_select_is_refused_by_the_lookup_too(pg_serving_server: H
     with psycopg.connect(server.dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE pgidx_secret (k int PRIMARY KEY, v text)")
         conn.execute("INSERT INTO pgidx_secret VALUES (1, 'hidden')")
+        wait_until_applied(conn, "pgidx_secret")
         conn.execute("CREATE INDEX pgidx_secret_k ON pgidx_secret (k)")
         conn.execute("CREATE ROLE pgidx_reader LOGIN PASSWORD 'pw'")
         assert conn.execute("SELECT v FROM pgidx_secret WHERE k = %s", (1,)).fetchall() == [("hidden",)]

@@ -335,3 +335,12 @@ def test_copy_from_stdin_into_a_store_relation_is_postgresqls_copy(adapter: Adap
             await run(session, "COPY nowhere FROM STDIN")
         assert missing.value.sqlstate == "42P01"
     drive(adapter, body)
+
+
+def test_a_remembered_shape_keeps_the_headrace_relations_it_reads() -> None:
+    routes = StoreRoutes()
+    routes.remember("generation 1", "SELECT count(*) FROM events WHERE kind = 'a'", (("public", "events"),))
+    assert routes.store_reads("generation 1", "SELECT count(*) FROM events WHERE kind = 'zz'") == (("public", "events"),)
+    assert routes.store_reads("generation 1", "SELECT count(*) FROM other WHERE kind = 'a'") is None
+    routes.remember("generation 1", "SELECT 1 + 1")
+    assert routes.store_reads("generation 1", "SELECT 2 + 2") == ()

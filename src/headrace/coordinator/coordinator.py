@@ -162,9 +162,14 @@ class Coordinator:
         if cached is not None:
             return cached
         parsed_off_loop = ast is not None
-        if self.passthrough is not None and self.passthrough.routes.is_postgres(fingerprint, sql):
-            # a statement of this shape went to the store before: no parse, no planning (coordinator/passthrough.py)
-            return await self.passthrough.prepare(session, sql, param_types, None, describe=describe)
+        known_reads = None if self.passthrough is None else self.passthrough.routes.store_reads(fingerprint, sql)
+        if known_reads is not None:
+            # a statement of this shape went to the store before: no parse, no planning (coordinator/passthrough.py);
+            # headrace's relations it reads are checked at execute, as the first time
+            assert self.passthrough is not None
+            statement = await self.passthrough.prepare(session, sql, param_types, None, describe=describe)
+            statement.store_reads = known_reads
+            return statement
         if ast is None:
             try:
                 ast = parse_client_statement(sql)
@@ -175,19 +180,22 @@ class Coordinator:
                 self.passthrough.routes.remember(fingerprint, sql)
                 return await self.passthrough.prepare(session, sql, param_types, None, describe=describe)
         if self.passthrough is not None and self._is_postgres_statement(ast):
-            # Over headrace's relations (kept in the store PostgreSQL): headrace checks them at execute, so the
-            # statement's shape is not remembered (that would skip the checks next time).
+            # Over headrace's relations (kept in the store PostgreSQL): headrace checks them at execute; the shape is
+            # remembered with them, so the next statement of the shape skips the parser but not the checks. A point
+            # lookup an index could answer is not: it is described now (PostgreSQL's columns) and answered from the
+            # index, and its shape known to the fast path.
             reads = self._headrace_relations_read(ast) if self.serving_on_postgres else ()
-            if not reads:
-                self.passthrough.routes.remember(fingerprint, sql)
-            # a point lookup an index could answer: described now (PostgreSQL's columns), then answered from the index
             lookup = bool(reads) and not parsed_off_loop and self.fast_path.could_answer(ast, param_types)
+            if not lookup:
+                self.passthrough.routes.remember(fingerprint, sql, reads)
             statement = await self.passthrough.prepare(session, sql, param_types, ast, describe=describe or lookup)
             statement.store_reads = reads
             if lookup:
                 statement = self.fast_path.learn(sql, param_types, ast, statement, fingerprint)
                 if isinstance(statement, FastStatement):  # known by its text from now on, as a planned one
                     self.plan_cache.put(sql, param_types, statement)
+                else:  # no index answers it after all
+                    self.passthrough.routes.remember(fingerprint, sql, reads)
             return statement
         if self.passthrough is not None and store_setting(session, ast):
             return await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)

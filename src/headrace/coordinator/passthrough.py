@@ -174,19 +174,24 @@ class StoreRoutes:
 
     def __init__(self, capacity: int = 4096) -> None:
         self._capacity = capacity
-        self._shapes: dict[tuple[Any, str], None] = {}
+        # shape -> headrace's relations it reads (the PostgreSQL serving store), checked at each execute
+        self._shapes: dict[tuple[Any, str], tuple[tuple[str | None, str], ...]] = {}
 
     def is_postgres(self, fingerprint: Any, sql: str) -> bool:
-        shape = self._shape(sql)
-        return shape is not None and (fingerprint, shape) in self._shapes
+        return self.store_reads(fingerprint, sql) is not None
 
-    def remember(self, fingerprint: Any, sql: str) -> None:
+    def store_reads(self, fingerprint: Any, sql: str) -> tuple[tuple[str | None, str], ...] | None:
+        """None: not a shape known to be PostgreSQL's; else the headrace relations its statements read (maybe none)."""
+        shape = self._shape(sql)
+        return None if shape is None else self._shapes.get((fingerprint, shape))
+
+    def remember(self, fingerprint: Any, sql: str, reads: tuple[tuple[str | None, str], ...] = ()) -> None:
         shape = self._shape(sql)
         if shape is None:
             return
         if len(self._shapes) >= self._capacity:
             self._shapes.clear()  # a client inventing shapes forever only empties it now and then
-        self._shapes[(fingerprint, shape)] = None
+        self._shapes[(fingerprint, shape)] = reads
 
     def _shape(self, sql: str) -> str | None:
         if any(marker in sql for marker in self._UNSAFE) or len(sql) > 4096:

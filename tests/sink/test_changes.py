@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from headrace.materialize.drivers.postgres_serving import PostgresServingTransactor
 from headrace.materialize.drivers.serving import ServingTransactor
 from headrace.materialize.protocol import Binding, MaterializationSpec, Open, Store
-from headrace.sink.changes import ChangeBatch, ChangeReader, Lag
+from headrace.sink.changes import ChangeBatch, ChangeReader, Lag, protocol_intervals
 from headrace.sink.inputs import SinkInput, SinkStore
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import INTERNAL_SCHEMA, ChangelogCompacted, ServingStore
@@ -445,3 +445,31 @@ def test_compacted_changes_are_refused(store: SinkStore, relation: KeyedRelation
     snapshot = reader.next_batch(None)  # the latest rows need no history; its position is the frontier's
     assert snapshot is not None and snapshot.upto == third and keyed_rows(snapshot.rows) == relation.state
     assert reader.next_batch(snapshot.upto) is None
+
+
+def test_intervals_are_read_as_the_protocols_microseconds_from_either_store(store: SinkStore) -> None:
+    """DuckDB's Arrow gives INTERVAL as month_day_nano_interval, which no driver takes: the reader gives int64
+    microseconds (1 month = 30 days) from both stores."""
+    binding = Binding((INTERNAL_SCHEMA, "spans"), ("k",), ("span",), {"k": "BIGINT", "span": "INTERVAL"})
+    store.apply(binding)
+    transactor = ServingTransactor(store) if isinstance(store, ServingStore) else PostgresServingTransactor(store)
+    transactor.open(Open(MaterializationSpec("spans", (binding,)), *FULL_KEY_RANGE))
+    try:
+        transactor.store([Store(0, [1], [90_061_000_001], None, exists=False),
+                          Store(0, [2], [None], None, exists=False)])
+        transactor.start_commit({})
+        sink_input = SinkInput("table", "public.spans", binding.resource_path, "spans",
+                               "SELECT hr_timestamp, hr_diff, k, span FROM __hr_input", ("k",))
+        for delta in (False, True):
+            batch = ChangeReader(store, sink_input, sink_input.columns(store), delta).next_batch(None)
+            assert batch is not None
+            rows = batch.delta if delta else batch.rows
+            assert rows is not None and rows.schema.field("span").type == pa.int64()
+            assert sorted(zip(rows.column("k").to_pylist(), rows.column("span").to_pylist())) == [
+                (1, 90_061_000_001), (2, None)]
+    finally:
+        transactor.close()
+    if isinstance(store, ServingStore):  # months and days as DuckDB holds them, 30 days a month
+        with store.cursor() as cursor:
+            table = cursor.execute("SELECT INTERVAL '1 month 2 days 3 microseconds' AS s").fetch_arrow_table()
+        assert protocol_intervals(table).column("s").to_pylist() == [32 * 86_400_000_000 + 3]

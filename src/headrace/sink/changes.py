@@ -144,17 +144,17 @@ class DuckDBChangeQueries:
 
     def snapshot(self, cursor: duckdb.DuckDBPyConnection, timestamp: int, undo_after: int | None) -> pa.Table:
         if undo_after is None:
-            return cursor.execute(self._snapshot_sql.replace(_ROWS, self._table), [timestamp]).fetch_arrow_table()
+            return protocol_intervals(cursor.execute(self._snapshot_sql.replace(_ROWS, self._table), [timestamp]).fetch_arrow_table())
         # The rows as of `undo_after`: today's rows with the changes since undone.
         rows = (f"(SELECT {self._stored} FROM (SELECT {self._stored}, 1 AS __hr_d FROM {self._table} UNION ALL "
                 f"SELECT {self._stored}, -hr_diff FROM {self._changelog} WHERE hr_timestamp > {int(undo_after)}) "
                 "GROUP BY ALL HAVING sum(__hr_d) > 0)")
-        return cursor.execute(self._snapshot_sql.replace(_ROWS, rows), [timestamp]).fetch_arrow_table()
+        return protocol_intervals(cursor.execute(self._snapshot_sql.replace(_ROWS, rows), [timestamp]).fetch_arrow_table())
 
     def consolidated(self, cursor: duckdb.DuckDBPyConnection, after: int, upto: int) -> pa.Table:
         sql = (f"WITH {INPUT} AS (SELECT * FROM {self._changelog} WHERE hr_timestamp > ? AND hr_timestamp <= ?) "
                f"{self._consolidate}")
-        return cursor.execute(sql, [after, upto]).fetch_arrow_table()
+        return protocol_intervals(cursor.execute(sql, [after, upto]).fetch_arrow_table())
 
 
 class ChangeReader:
@@ -259,6 +259,21 @@ class ChangeReader:
         if total == per_commit[-1][1]:
             upto = latest  # every change up to the latest commit: the position may move past quiet commits too
         return int(upto), int(total)
+
+
+_MICROS_PER_DAY = 86_400_000_000
+
+
+def protocol_intervals(table: pa.Table) -> pa.Table:
+    """DuckDB's INTERVAL columns (month_day_nano_interval) as the protocol's int64 microseconds, 1 month = 30 days,
+    as the PostgreSQL serving store's reads give them (sink/postgres_reads.py) and the drivers take them."""
+    for index, field in enumerate(table.schema):
+        if field.type == pa.month_day_nano_interval():
+            micros = [None if value is None
+                      else (value.months * 30 + value.days) * _MICROS_PER_DAY + value.nanoseconds // 1000
+                      for value in table.column(index).to_pylist()]
+            table = table.set_column(index, pa.field(field.name, pa.int64()), pa.array(micros, pa.int64()))
+    return table
 
 
 def _nonempty(table: pa.Table) -> pa.Table | None:

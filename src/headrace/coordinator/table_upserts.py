@@ -20,6 +20,7 @@ from sqlglot import exp
 
 from headrace.catalog.tables import Table, TableColumn
 from headrace.errors import FeatureNotSupported, HeadraceError, SyntaxError_, UndefinedColumn
+from headrace.sql import table_statements as grammar
 
 Key = tuple[Any, ...]
 Document = dict[str, Any]
@@ -51,18 +52,16 @@ def conflict_clause(ast: exp.Insert, table: Table) -> Upsert | None:
         return Upsert(do_update=False)
     assignments = []
     seen: set[str] = set()
-    for node in clause.expressions:
-        if not isinstance(node, exp.EQ) or not isinstance(node.this, exp.Column):
-            raise FeatureNotSupported("ON CONFLICT DO UPDATE SET takes column = expression")
-        column = table.column(node.this.name)
+    for target, value in grammar.assignments(clause.expressions, "ON CONFLICT DO UPDATE SET"):
+        column = table.column(target.name)
         if column is None:
-            raise UndefinedColumn(f'column "{node.this.name}" of relation "{table.name}" does not exist')
+            raise UndefinedColumn(f'column "{target.name}" of relation "{table.name}" does not exist')
         if column.name in seen:
             raise SyntaxError_(f'multiple assignments to same column "{column.name}"')
         if column.name in table.primary_key:
             raise FeatureNotSupported(f'ON CONFLICT DO UPDATE cannot set the primary key column "{column.name}"')
         seen.add(column.name)
-        assignments.append((column, node.expression))
+        assignments.append((column, value))
     where = clause.args.get("where")
     return Upsert(do_update=True, assignments=tuple(assignments),
                   where=where.this if isinstance(where, exp.Where) else where)

@@ -139,6 +139,9 @@ class Tables:
     async def describe(self, ast: exp.Expr, param_types: Sequence[int]) -> StatementDescription:
         if not grammar.is_write(ast):
             return StatementDescription(tuple(param_types), None)
+        if isinstance(ast, exp.TruncateTable):
+            self._write_table(ast)  # 42P01 / 42809 now
+            return StatementDescription(tuple(param_types), None)
         table = self._write_table(ast)
         types = await self.writes.param_types(table, ast, param_types)
         returning = grammar.returning_columns(ast, table)
@@ -153,6 +156,9 @@ class Tables:
         if grammar.is_drop_table(ast):
             assert isinstance(ast, exp.Drop)
             return await self.drop(ast)
+        truncating = isinstance(ast, exp.TruncateTable)
+        if truncating:  # a DELETE of every row, through the log (views over the table follow)
+            ast = grammar.truncate_as_delete(ast)
         grammar.refuse_unsupported(ast)
         table = self._write_table(ast)
         table_log = self._logs.get(table.id)
@@ -171,7 +177,7 @@ class Tables:
                 record = pending.changes()
                 if record:
                     await table_log.append(record)
-        return self._result(table, ast, count, rows)
+        return CommandComplete("TRUNCATE TABLE") if truncating else self._result(table, ast, count, rows)
 
     async def _compute(self, table: Table, ast: exp.Expr, params: Sequence[Any], session: Session,
                        pending: changes.PendingTable, overlay: dict[Any, Any]) -> tuple[int, list[dict[str, Any]]]:

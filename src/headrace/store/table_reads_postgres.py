@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import datetime
 import secrets
+import struct
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -31,6 +32,9 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg.adapt import Loader
+from psycopg.types.datetime import (DateBinaryLoader, DateLoader, TimestampBinaryLoader, TimestampLoader,
+                                    TimestamptzBinaryLoader, TimestamptzLoader)
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -39,6 +43,7 @@ from headrace.catalog.tables import Table, TableColumn
 from headrace.errors import HeadraceError
 from headrace.store.backend import BackendError
 from headrace.store.postgres_roles import MIRROR_LOCK_KEY, TABLE_WRITES_ROLE
+from headrace.store import table_types
 from headrace.store.postgres_serving import ConnectionPool, PostgresServingStore, column_type
 from headrace.store.serving import CHECKPOINTS_TABLE, INTERNAL_SCHEMA, PUBLIC_SCHEMA, qualified_name, quote_ident
 
@@ -52,6 +57,52 @@ _EPOCH_DATE = datetime.date(1970, 1, 1)
 _write_pools: dict[str, ConnectionPool] = {}  # store conninfo -> the write role's connections, in this process
 _roles_lock = threading.Lock()
 _STARTUP_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c extra_float_digits=1"
+
+
+class _InfinityLoaders:
+    """psycopg loaders of timestamp, timestamptz and date that read 'infinity' / '-infinity' as
+    table_types.Infinite (psycopg's own refuse them: Python's datetime has no infinity), registered on the
+    connections and cursors that read a table's rows or a write's assigned values."""
+
+    _classes: dict[str, tuple[type[Loader], type[Loader]]] = {}
+
+    @classmethod
+    def register(cls, context: psycopg.Connection[Any] | psycopg.Cursor[Any]) -> None:
+        if not cls._classes:
+            for name, text, binary in (("timestamp", TimestampLoader, TimestampBinaryLoader),
+                                       ("timestamptz", TimestamptzLoader, TimestamptzBinaryLoader),
+                                       ("date", DateLoader, DateBinaryLoader)):
+                cls._classes[name] = (_text_loader(text), _binary_loader(binary, name == "date"))
+        for name, (text, binary) in cls._classes.items():
+            context.adapters.register_loader(name, text)
+            context.adapters.register_loader(name, binary)
+
+
+def _text_loader(base: type[Loader]) -> type[Loader]:
+    class InfinityText(base):  # type: ignore[valid-type, misc]
+        def load(self, data: Any) -> Any:
+            text = bytes(data)
+            if text == b"infinity":
+                return table_types.Infinite(1)
+            if text == b"-infinity":
+                return table_types.Infinite(-1)
+            return super().load(data)
+
+    return InfinityText
+
+
+def _binary_loader(base: type[Loader], date: bool) -> type[Loader]:
+    high, low, fmt = (table_types.DATE_INFINITY, table_types.DATE_MINUS_INFINITY, "!i") if date else \
+        (table_types.TIME_INFINITY, table_types.TIME_MINUS_INFINITY, "!q")
+
+    class InfinityBinary(base):  # type: ignore[valid-type, misc]
+        def load(self, data: Any) -> Any:
+            number = struct.unpack(fmt, bytes(data))[0]
+            if number in (high, low):
+                return table_types.Infinite(1 if number == high else -1)
+            return super().load(data)
+
+    return InfinityBinary
 
 
 def storage_types(table: Table) -> dict[str, str]:
@@ -117,11 +168,13 @@ def input_text(pg_type: str, value: Any) -> str | None:
             return "Infinity" if value > 0 else "-Infinity"
         return repr(float(value))
     if pg_type == "timestamp with time zone":
-        return (_EPOCH + datetime.timedelta(microseconds=value)).isoformat()
+        return table_types.infinity_text("timestamptz", value) or \
+            (_EPOCH + datetime.timedelta(microseconds=value)).isoformat()
     if pg_type == "timestamp without time zone":
-        return (_EPOCH_NAIVE + datetime.timedelta(microseconds=value)).isoformat()
+        return table_types.infinity_text("timestamp", value) or \
+            (_EPOCH_NAIVE + datetime.timedelta(microseconds=value)).isoformat()
     if pg_type == "date":
-        return (_EPOCH_DATE + datetime.timedelta(days=value)).isoformat()
+        return table_types.infinity_text("date", value) or (_EPOCH_DATE + datetime.timedelta(days=value)).isoformat()
     if pg_type == "interval":
         return f"{int(value)} microseconds"
     if pg_type == "jsonb":
@@ -160,6 +213,7 @@ def rows_for_keys(store: PostgresServingStore, table: Table, keys: Sequence[Key]
     relation, parameters = rows_relation(table, key_columns, keys, 1)
     names = ", ".join(quote_ident(c) for c in key_columns)
     with store.pool.connection() as conn, psycopg.RawCursor(conn) as cursor:
+        _InfinityLoaders.register(cursor)
         cursor.execute(f"SELECT * FROM {storage} WHERE ({names}) IN (SELECT {names} FROM ({relation}) AS k)",
                        parameters)
         assert cursor.description is not None
@@ -311,6 +365,7 @@ def run_assigning_query(store: PostgresServingStore, query_sql: str, params: Seq
 def _fetch(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     try:
         with psycopg.RawCursor(conn) as cursor:
+            _InfinityLoaders.register(cursor)
             # The extended protocol, where PostgreSQL parses exactly one statement: psycopg sends a query without
             # parameters as a simple Query, so one unused, typed parameter ($1, true) is added then.
             cursor.execute(sql, list(params) or [True])

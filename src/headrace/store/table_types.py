@@ -33,6 +33,40 @@ _WIDE = Context(prec=MAX_NUMERIC_PRECISION + 2)  # the default context's 28 digi
 _DECIMAL_TYPE = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)")
 
 
+# PostgreSQL's own encoding of 'infinity' / '-infinity' (DT_NOEND / DT_NOBEGIN, DATEVAL_NOEND / DATEVAL_NOBEGIN): the
+# extreme integers, so a document carries them as the number PostgreSQL stores, and they sort as PostgreSQL sorts.
+TIME_INFINITY, TIME_MINUS_INFINITY = (1 << 63) - 1, -(1 << 63)  # timestamp, timestamptz: microseconds
+DATE_INFINITY, DATE_MINUS_INFINITY = (1 << 31) - 1, -(1 << 31)  # date: days
+
+
+class Infinite:
+    """'infinity' (sign 1) or '-infinity' (sign -1) of a timestamp, timestamptz or date, as read from PostgreSQL
+    (store/table_reads_postgres.py's loaders): Python's datetime and date cannot hold them."""
+
+    __slots__ = ("sign",)
+
+    def __init__(self, sign: int) -> None:
+        self.sign = sign
+
+    def __repr__(self) -> str:
+        return "Infinite(+1)" if self.sign > 0 else "Infinite(-1)"
+
+    def time_micros(self) -> int:
+        return TIME_INFINITY if self.sign > 0 else TIME_MINUS_INFINITY
+
+    def date_days(self) -> int:
+        return DATE_INFINITY if self.sign > 0 else DATE_MINUS_INFINITY
+
+
+def infinity_text(pg_type: str, value: int) -> str | None:
+    """'infinity' / '-infinity' for a document value of a timestamp(tz) or date that is one, else None."""
+    if pg_type in ("timestamp", "timestamptz"):
+        return "infinity" if value == TIME_INFINITY else "-infinity" if value == TIME_MINUS_INFINITY else None
+    if pg_type == "date":
+        return "infinity" if value == DATE_INFINITY else "-infinity" if value == DATE_MINUS_INFINITY else None
+    return None
+
+
 class TypeValueError(Exception):
     """A value that does not fit its column: (sqlstate, message, detail)."""
 
@@ -122,6 +156,8 @@ def _decimal(value: Any) -> Decimal:
 
 
 def _date_days(value: Any) -> int:
+    if isinstance(value, Infinite):
+        return value.date_days()
     if isinstance(value, str):
         value = _parse("date", value)
     if isinstance(value, datetime.datetime):
@@ -132,6 +168,8 @@ def _date_days(value: Any) -> int:
 
 
 def _timestamp_micros(value: Any) -> int:
+    if isinstance(value, Infinite):
+        return value.time_micros()
     if isinstance(value, str):
         value = _parse("timestamp", value)
     if isinstance(value, datetime.datetime):
@@ -203,6 +241,11 @@ def to_python(pg_type: str, value: Any) -> Any:
         return None
     if pg_type == "numeric":
         return Decimal(value)
+    if infinity_text(pg_type, value) is not None:
+        from headrace.errors import FeatureNotSupported
+
+        raise FeatureNotSupported(f"{pg_type} '{infinity_text(pg_type, value)}' cannot be returned here yet",
+                                  hint="select it from the table instead")
     if pg_type == "date":
         return _EPOCH_DATE + datetime.timedelta(days=value)
     if pg_type == "timestamp":

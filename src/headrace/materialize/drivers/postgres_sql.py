@@ -127,11 +127,15 @@ def staged_from_values(col: Column, values: Sequence[Any]) -> pa.Array:
         if col.type == "HUGEINT" or col.type.startswith("DECIMAL("):
             return pa.array([v if v is None or type(v) is str else str(v) for v in values], pa.string())
         if col.type in _TIMES:
-            return pa.array(values, pa.int64()).cast(_TIMES[col.type])
+            micros = pa.array(values, pa.int64())
+            infinite = _with_infinities(micros, col.type)
+            return micros.cast(_TIMES[col.type]) if infinite is None else infinite
         if col.type == "INTERVAL":
             return _interval_text(pa.array(values, pa.int64()))
         if col.type == "DATE" and any(type(v) is int for v in values):  # days since the epoch, leniently
-            return pa.array(values, pa.int32()).cast(pa.date32()).cast(pa.string())
+            days = pa.array(values, pa.int32())
+            infinite = _with_infinities(days, col.type)
+            return days.cast(pa.date32()).cast(pa.string()) if infinite is None else infinite
         return pa.array(values, staged_type(col))
     except _CONVERSION_ERRORS as exc:
         raise _data_error(col, f"these values: {exc}") from exc
@@ -145,10 +149,18 @@ def staged_from_arrow(col: Column, values: pa.Array | pa.ChunkedArray) -> pa.Arr
             values, kind = values.cast(kind.value_type), kind.value_type
         if col.type in _TIMES:
             if pa.types.is_integer(kind):
-                return values.cast(pa.int64()).cast(_TIMES[col.type])
+                infinite = _with_infinities(values.cast(pa.int64()), col.type)
+                return values.cast(pa.int64()).cast(_TIMES[col.type]) if infinite is None else infinite
+            if kind == pa.timestamp("us") or kind == pa.timestamp("us", "UTC"):
+                infinite = _with_infinities(values.cast(pa.int64()), col.type)
+                if infinite is not None:
+                    return infinite
             return values.cast(_TIMES[col.type], safe=False)  # nanoseconds: PostgreSQL keeps microseconds anyway
         if col.type == "DATE":
             if pa.types.is_integer(kind):
+                infinite = _with_infinities(values.cast(pa.int32()), col.type)
+                if infinite is not None:
+                    return infinite
                 values = values.cast(pa.int32()).cast(pa.date32())
             return values.cast(pa.string())
         if col.type == "INTERVAL":
@@ -163,6 +175,26 @@ def staged_from_arrow(col: Column, values: pa.Array | pa.ChunkedArray) -> pa.Arr
         return values.cast(staged_type(col))
     except _CONVERSION_ERRORS as exc:
         raise _data_error(col, f"a {kind} column: {exc}") from exc
+
+
+# PostgreSQL's 'infinity' / '-infinity' as the documents carry them (store/table_types.py): the extreme integers
+_INFINITIES = {"TIMESTAMP": ((1 << 63) - 1, -(1 << 63)), "TIMESTAMPTZ": ((1 << 63) - 1, -(1 << 63)),
+               "DATE": ((1 << 31) - 1, -(1 << 31))}
+
+
+def _with_infinities(numbers: pa.Array | pa.ChunkedArray, type_name: str) -> pa.Array | pa.ChunkedArray | None:
+    """Integer microseconds (days for DATE) holding +-infinity as text for COPY ('infinity', '-infinity', the
+    others ISO text); None when none is infinite (the common case: staged as timestamps)."""
+    import pyarrow.compute as pc
+
+    high, low = _INFINITIES[type_name]
+    is_high, is_low = pc.equal(numbers, high), pc.equal(numbers, low)
+    if not (pc.any(is_high).as_py() or pc.any(is_low).as_py()):
+        return None
+    finite = pc.if_else(pc.or_(is_high, is_low), pa.scalar(None, numbers.type), numbers)
+    times = finite.cast(pa.date32()) if type_name == "DATE" else finite.cast(pa.timestamp("us"))
+    text = pc.if_else(is_high, "infinity", times.cast(pa.string()))
+    return pc.if_else(is_low, "-infinity", text)
 
 
 def _interval_text(micros: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
@@ -200,6 +232,18 @@ def _epoch_us(expr: str) -> str:
     return f"(extract(epoch from {expr}) * 1000000)::bigint"
 
 
+def _time_us(expr: str) -> str:
+    """A timestamp(tz) as integer microseconds, +-infinity as the extreme integers the documents carry."""
+    high, low = _INFINITIES["TIMESTAMP"]
+    return f"CASE WHEN {expr} = 'infinity' THEN {high} WHEN {expr} = '-infinity' THEN {low} ELSE {_epoch_us(expr)} END"
+
+
+def _date_days(expr: str) -> str:
+    high, low = _INFINITIES["DATE"]
+    return (f"CASE WHEN {expr} = 'infinity' THEN {high} WHEN {expr} = '-infinity' THEN {low} "
+            f"ELSE ({expr} - date '1970-01-01') END")
+
+
 def _from_hex(values: pa.ChunkedArray) -> pa.Array:
     return pa.array([None if v is None else bytes.fromhex(v) for v in values.to_pylist()], pa.binary())
 
@@ -208,11 +252,11 @@ def columnar_read(col: Column, expr: str) -> Read:
     """LoadedColumns' conventions: JSON as text, TIMESTAMPTZ as int64 microseconds, BLOB as binary, the others as
     DuckDB's own Arrow types (so a loaded row can be stored back as it is)."""
     if col.type == "TIMESTAMPTZ":
-        return Read(_epoch_us(expr), pa.int64())
+        return Read(_time_us(expr), pa.int64())
     if col.type == "TIMESTAMP":
-        return Read(_epoch_us(expr), pa.int64(), lambda a: a.cast(pa.timestamp("us")))
+        return Read(_time_us(expr), pa.int64(), lambda a: a.cast(pa.timestamp("us")))
     if col.type == "DATE":
-        return Read(f"({expr} - date '1970-01-01')", pa.int32(), lambda a: a.cast(pa.date32()))
+        return Read(_date_days(expr), pa.int32(), lambda a: a.cast(pa.date32()))
     if col.type == "INTERVAL":
         return Read(_epoch_us(expr), pa.int64(), lambda a: a.cast(pa.duration("us")))
     if col.type == "BLOB":
@@ -233,10 +277,12 @@ def document_expr(col: Column, expr: str, hugeint_as_text: bool = False) -> str:
     """A JSON value expression of the column in the documents' conventions (shared contract). json_build_object
     keeps float8's own shortest text (jsonb would turn 1e300 into 301 digits); HUGEINT as text reads back exactly
     (orjson would turn an integer beyond 64 bits into a float)."""
-    if col.type in _TIMES or col.type == "INTERVAL":
+    if col.type in _TIMES:
+        return _time_us(expr)
+    if col.type == "INTERVAL":
         return _epoch_us(expr)
     if col.type == "DATE":
-        return f"to_char({expr}, 'YYYY-MM-DD')"
+        return f"CASE WHEN isfinite({expr}) THEN to_char({expr}, 'YYYY-MM-DD') ELSE {expr}::text END"
     if col.type == "BLOB":  # PostgreSQL's base64 breaks lines every 76 characters
         return f"translate(encode({expr}, 'base64'), E'\\n', '')"
     if col.type == "UUID" or col.type.startswith("DECIMAL(") or (hugeint_as_text and col.type == "HUGEINT"):

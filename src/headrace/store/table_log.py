@@ -216,8 +216,8 @@ def _integer(value: Any, name: str) -> int:
 
 
 def _micros(value: Any) -> int:
-    if isinstance(value, table_types.Infinite):
-        return value.time_micros()
+    if isinstance(value, table_types.Exact):
+        return value.number
     if isinstance(value, str):
         from headrace.pgwire import types as pg
         from headrace.errors import HeadraceError

@@ -177,24 +177,24 @@ def staged_from_arrow(col: Column, values: pa.Array | pa.ChunkedArray) -> pa.Arr
         raise _data_error(col, f"a {kind} column: {exc}") from exc
 
 
-# PostgreSQL's 'infinity' / '-infinity' as the documents carry them (store/table_types.py): the extreme integers
-_INFINITIES = {"TIMESTAMP": ((1 << 63) - 1, -(1 << 63)), "TIMESTAMPTZ": ((1 << 63) - 1, -(1 << 63)),
-               "DATE": ((1 << 31) - 1, -(1 << 31))}
+# The documents' range that Arrow prints as PostgreSQL reads it (years 1 to 9999, as microseconds / days since 1970);
+# beyond it (BC, year 10000 on, +-infinity: store/table_types.py) a value is printed by headrace.
+_ISO_RANGE = {"TIMESTAMP": (-62_135_596_800_000_000, 253_402_300_799_999_999),
+              "TIMESTAMPTZ": (-62_135_596_800_000_000, 253_402_300_799_999_999), "DATE": (-719_162, 2_932_896)}
 
 
 def _with_infinities(numbers: pa.Array | pa.ChunkedArray, type_name: str) -> pa.Array | pa.ChunkedArray | None:
-    """Integer microseconds (days for DATE) holding +-infinity as text for COPY ('infinity', '-infinity', the
-    others ISO text); None when none is infinite (the common case: staged as timestamps)."""
+    """Integer microseconds (days for DATE) as PostgreSQL's input text when some lie beyond years 1..9999 (BC,
+    10000 on, 'infinity', '-infinity'); None when none does (the common case: staged as Arrow timestamps)."""
     import pyarrow.compute as pc
 
-    high, low = _INFINITIES[type_name]
-    is_high, is_low = pc.equal(numbers, high), pc.equal(numbers, low)
-    if not (pc.any(is_high).as_py() or pc.any(is_low).as_py()):
+    from headrace.store.table_types import date_text, time_text
+
+    low, high = _ISO_RANGE[type_name]
+    if not pc.any(pc.or_(pc.less(numbers, low), pc.greater(numbers, high))).as_py():
         return None
-    finite = pc.if_else(pc.or_(is_high, is_low), pa.scalar(None, numbers.type), numbers)
-    times = finite.cast(pa.date32()) if type_name == "DATE" else finite.cast(pa.timestamp("us"))
-    text = pc.if_else(is_high, "infinity", times.cast(pa.string()))
-    return pc.if_else(is_low, "-infinity", text)
+    text = date_text if type_name == "DATE" else (lambda value: time_text(value, with_zone=False))
+    return pa.array([None if value is None else text(value) for value in numbers.to_pylist()], pa.string())
 
 
 def _interval_text(micros: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
@@ -230,6 +230,9 @@ class Read:
 
 def _epoch_us(expr: str) -> str:
     return f"(extract(epoch from {expr}) * 1000000)::bigint"
+
+
+_INFINITIES = {"TIMESTAMP": ((1 << 63) - 1, -(1 << 63)), "DATE": ((1 << 31) - 1, -(1 << 31))}
 
 
 def _time_us(expr: str) -> str:

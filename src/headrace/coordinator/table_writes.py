@@ -326,6 +326,12 @@ def _filter_select(table: Table, ast: exp.Expr) -> exp.Select:
         for index, (column, value) in enumerate(_set_list(ast, table)):
             projections.append(exp.alias_(_typed(value, column), f"{SET_PREFIX}{index}", quoted=True))
     select = exp.Select(expressions=projections).from_(target)
+    joined = grammar.other_relations(ast)
+    for relation in joined:  # UPDATE ... FROM / DELETE ... USING (PostgreSQL serving store only)
+        select.append("joins", exp.Join(this=relation))
+    if joined:  # a row several joined rows match is changed once, as PostgreSQL changes it
+        select.set("distinct", exp.Distinct(on=exp.Tuple(expressions=[
+            exp.column(name, table=reference, quoted=True) for name in table.store_key])))
     where = ast.args.get("where")
     if where is not None:
         where = where.copy()

@@ -159,7 +159,7 @@ class Tables:
         truncating = isinstance(ast, exp.TruncateTable)
         if truncating:  # a DELETE of every row, through the log (views over the table follow)
             ast = grammar.truncate_as_delete(ast)
-        grammar.refuse_unsupported(ast)
+        grammar.refuse_unsupported(ast, joins_allowed=isinstance(self.store, PostgresServingStore))
         table = self._write_table(ast)
         table_log = self._logs.get(table.id)
         if table_log is None:

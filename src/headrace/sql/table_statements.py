@@ -229,11 +229,20 @@ def insert_columns(ast: exp.Insert, table: Table) -> list[str]:
     return table.column_names()
 
 
-def refuse_unsupported(ast: exp.Expr) -> None:
+def other_relations(ast: exp.Expr) -> list[exp.Expr]:
+    """UPDATE ... FROM's and DELETE ... USING's relations (copies), joined to the target as PostgreSQL joins them."""
+    found = ast.args.get("from_") or ast.args.get("from")
+    items = [found.this] if isinstance(found, exp.From) else []
+    items += list(ast.args.get("using") or [])
+    return [item.copy() for item in items if isinstance(item, exp.Expr)]
+
+
+def refuse_unsupported(ast: exp.Expr, joins_allowed: bool = False) -> None:
+    """0A000 for what headrace's writes do not do; `joins_allowed`: UPDATE ... FROM / DELETE ... USING, which the
+    PostgreSQL serving store runs (coordinator/table_writes_postgres.py)."""
     if isinstance(ast, exp.Insert) and ast.args.get("overwrite"):
         raise FeatureNotSupported("INSERT OVERWRITE is not supported")
-    if isinstance(ast, (exp.Update, exp.Delete)) and (ast.args.get("from_") or ast.args.get("from")
-                                                       or ast.args.get("using")):
+    if isinstance(ast, (exp.Update, exp.Delete)) and not joins_allowed and other_relations(ast):
         raise FeatureNotSupported(f"{ast.key.upper()} ... FROM / USING is not supported yet; use a subquery in WHERE")
     if ast.args.get("with_") or ast.args.get("with"):
         raise FeatureNotSupported("WITH before INSERT / UPDATE / DELETE is not supported yet")

@@ -71,3 +71,14 @@ def test_temporary_names_shadow_unqualified_ones_only() -> None:
     assert shadowed_names(parse_statement("WITH float8_tbl AS (SELECT 1) SELECT * FROM float8_tbl"),
                           temporary) == frozenset()
     assert shadowed_names(parse_statement('SELECT * FROM "Mixed", mixed'), temporary) == {"Mixed"}
+
+
+@pytest.mark.parametrize("text, rounded", [  # PostgreSQL 15's '<text>'::timestamp(2)
+    ("1997-02-10 17:32:01.999999", "1997-02-10 17:32:02"), ("1997-02-10 17:32:01.005", "1997-02-10 17:32:01"),
+    ("1960-02-10 17:32:01.015", "1960-02-10 17:32:01.01"), ("2001-01-01 00:00:00.005", "2001-01-01 00:00:00.01"),
+    ("0097-02-16 17:32:01.555 BC", "0097-02-16 17:32:01.55 BC"), ("infinity", "infinity"),
+])
+def test_timestamp_precision_rounds_as_postgresql(text: str, rounded: str) -> None:
+    assert table_types.time_text(table_types.round_time(table_types.parse_time_text(text), 2), False) == rounded
+    assert table_types.to_document("timestamp", table_types.Exact(table_types.parse_time_text(text)), 2) == \
+        table_types.parse_time_text(rounded)

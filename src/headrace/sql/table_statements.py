@@ -138,6 +138,11 @@ def _column(node: exp.ColumnDef) -> tuple[TableColumn, bool]:
     elif pg_type == "bpchar":
         max_length = 1  # char without a length is char(1)
     precision, scale = _numeric_shape(kind, name) if pg_type == "numeric" else (None, None)
+    if pg_type in ("timestamp", "timestamptz") and kind.expressions:  # timestamp(p): p fractional digits kept
+        precision = int(kind.expressions[0].name)
+        if not 0 <= precision <= 6:
+            raise HeadraceError(f"{pg_type.upper()}({precision}) precision must be between 0 and 6",
+                                sqlstate="22023")
     not_null, is_key, default = False, False, None
     for constraint in node.args.get("constraints") or []:
         inner = constraint.args.get("kind") if isinstance(constraint, exp.ColumnConstraint) else constraint

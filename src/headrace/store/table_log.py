@@ -139,7 +139,7 @@ def to_document(pg_type: str, value: Any, max_length: int | None = None, precisi
             return value.strip().lower() in _TRUE
         raise _bad(pg_type, value)
     if pg_type == "timestamptz":
-        return _micros(value)
+        return table_types.round_time(_micros(value), precision)
     if pg_type in ("json", "jsonb"):
         if isinstance(value, (bytes, bytearray, memoryview)):
             value = bytes(value).decode("utf-8")

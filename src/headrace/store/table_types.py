@@ -110,7 +110,7 @@ def to_document(pg_type: str, value: Any, precision: int | None = None, scale: i
     if pg_type == "date":
         return _date_days(value)
     if pg_type == "timestamp":
-        return _timestamp_micros(value)
+        return round_time(_timestamp_micros(value), precision)
     if pg_type == "uuid":
         return _uuid_text(value)
     if pg_type == "interval":
@@ -187,6 +187,18 @@ def _timestamp_micros(value: Any) -> int:
     raise _wrong_type("timestamp", value)
 
 
+def round_time(micros: int, precision: int | None) -> int:
+    """Microseconds rounded to timestamp(p)'s `precision` fractional digits, half away from zero, as PostgreSQL's
+    AdjustTimestampForTypmod rounds them (+-infinity untouched)."""
+    if precision is None or precision >= 6 or micros in (TIME_INFINITY, TIME_MINUS_INFINITY):
+        return micros
+    unit = 10 ** (6 - precision)
+    since_2000 = micros - _MICROS_2000  # PostgreSQL rounds its own value: microseconds since 2000-01-01
+    if since_2000 >= 0:
+        return (since_2000 + unit // 2) // unit * unit + _MICROS_2000
+    return -((-since_2000 + unit // 2) // unit * unit) + _MICROS_2000
+
+
 def _uuid_text(value: Any) -> str:
     if isinstance(value, uuid.UUID):
         return str(value)
@@ -232,6 +244,7 @@ def _wrong_type(pg_type: str, value: Any) -> TypeValueError:
 # ---------------------------------------------------------------------------------------------- PostgreSQL's text
 
 _MICROS_PER_DAY = 86_400_000_000
+_MICROS_2000 = 946_684_800_000_000  # 2000-01-01, PostgreSQL's epoch, since 1970-01-01
 _ISO_TIME = re.compile(r"(\d{4,})-(\d\d)-(\d\d)(?: (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?)?"
                        r"(?:([+-])(\d\d)(?::(\d\d)(?::(\d\d))?)?)?( BC)?")
 
@@ -283,7 +296,7 @@ def time_text(micros: int, with_zone: bool) -> str:
     seconds, fraction = divmod(rest, 1_000_000)
     year_text, era = _year_text(year)
     text = f"{year_text}-{month:02d}-{day:02d} {seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-    return f"{text}{f'.{fraction:06d}' if fraction else ''}{'+00' if with_zone else ''}{era}"
+    return f"{text}{f'.{fraction:06d}'.rstrip('0') if fraction else ''}{'+00' if with_zone else ''}{era}"
 
 
 def parse_time_text(text: str, days_only: bool = False) -> int:

@@ -213,6 +213,7 @@ class Tables:
         split = upserts.split_proposals(table, upsert, documents, keys, existing)
         updated = await self.writes.upsert_pairs(table, ast, upsert, split.conflicts, params, session)
         pairs = [pair for pair in updated if pair is not None]
+        upserts.check_keys_kept(table, pairs)
         for _, new in pairs:
             new[HIDDEN_VERSION] = self._row_ids.next()
         count = changes.insert(pending, split.inserts, existing)

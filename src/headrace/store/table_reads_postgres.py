@@ -40,9 +40,9 @@ from headrace.catalog.tables import Table, TableColumn
 from headrace.errors import HeadraceError
 from headrace.store.backend import BackendError
 from headrace.store.postgres_roles import MIRROR_LOCK_KEY, TABLE_WRITES_ROLE
-from headrace.store import table_types
 from headrace.store.postgres_serving import ConnectionPool, PostgresServingStore, column_type
 from headrace.store.serving import CHECKPOINTS_TABLE, INTERNAL_SCHEMA, PUBLIC_SCHEMA, qualified_name, quote_ident
+from headrace.store import table_types
 
 Key = tuple[Any, ...]
 Document = dict[str, Any]

@@ -311,7 +311,8 @@ class Passthrough:
         """The names `ast` uses that are the session's temporary relations on its backend (which PostgreSQL
         resolves before headrace's relations of the same name); empty without a backend."""
         backend = self._backends.get(session.connection_id)
-        if backend is None or backend.connection.closed or not backend.temporary.possible:
+        if backend is None or backend.connection.closed or backend.connection.copying_in \
+                or not backend.temporary.possible:
             return frozenset()
         return shadowed_names(ast, await backend.temporary.current(backend.connection))
 

@@ -273,8 +273,10 @@ class Coordinator:
                 return all(self.indexes.catalog.find(t.db or "public", t.name) is None
                            for t in ast.find_all(exp.Table))
             return isinstance(ast, exp.Create) and not mentions_headrace(ast, self._relation_named)
-        if is_create_table(ast) and not is_temporary_table(ast) and ast.expression is None:
-            return False  # a headrace table: its writes feed the pipeline
+        if is_create_table(ast) and ast.expression is None:
+            # a headrace table (its writes feed the pipeline), or a temporary one: the store's, even when it shadows
+            # a headrace relation of the same name (coordinator/temp_relations.py)
+            return is_temporary_table(ast)
         if is_drop_table(ast) and any(self.catalog.find_table(t.db or "public", t.name) is not None
                                       for t in ast.find_all(exp.Table)):
             return False  # a headrace table: its log, storage and views go with it (coordinator/tables.py)
@@ -284,7 +286,8 @@ class Coordinator:
 
     async def _shadowed_by_temporary(self, session: Session, ast: exp.Expr) -> frozenset[str]:
         """The names in `ast` that are the session's temporary relations on the store (coordinator/temp_relations.py),
-        unless `ast` is headrace's own kind of statement or a write to one of headrace's tables."""
+        unless `ast` is headrace's own kind of statement; 0A000 for a statement that cannot run on the store whole (a
+        write to one of headrace's tables, or, with the DuckDB serving store, a read of its relations too)."""
         assert self.passthrough is not None
         if isinstance(ast, (*SESSION_STATEMENTS, SubscribeStatement, ShowObjects, GrantPrivileges, *ROLE_STATEMENTS)) \
                 or view_ddl.handles(ast) or is_source_ddl(ast) or sink_ddl.handles(ast):
@@ -292,7 +295,10 @@ class Coordinator:
         shadowed = await self.passthrough.temporary_names(session, ast)
         if shadowed and not self.serving_on_postgres and any(
                 schema is not None or name.lower() not in shadowed for schema, name in self._headrace_relations_read(ast)):
-            return frozenset()  # headrace's relations are not in the store: its own path (which refuses the mix)
+            raise HeadraceError(  # headrace's relations are not in the store: not one statement
+                f'relation "{sorted(shadowed)[0]}" is a temporary relation of the store PostgreSQL and cannot be used '
+                "together with headrace's sources, tables and views yet", sqlstate="0A000",
+                hint="query it on its own (docs/store.md)")
         if shadowed and is_write(ast):
             try:
                 target = write_target(ast)
@@ -301,7 +307,11 @@ class Coordinator:
             written = shadowed_names(truncate_as_delete(ast) if isinstance(ast, exp.TruncateTable) else ast.this,
                                      shadowed)  # the target, if it is a temporary one (unqualified)
             if not written and self._relation_named(target.schema or "public", target.name):
-                return frozenset()  # a write to headrace's table: its own path (which refuses the mix)
+                # a write to headrace's table that reads the session's temporary relation: not one statement yet
+                raise HeadraceError(
+                    f'relation "{sorted(shadowed)[0]}" is a temporary relation of the store PostgreSQL and cannot be '
+                    "used together with headrace's tables in a write yet", sqlstate="0A000",
+                    hint="read it into the table with a separate statement, or qualify the name with its schema")
         return shadowed
 
     def _store_answers(self, ast: exp.Expr) -> bool:

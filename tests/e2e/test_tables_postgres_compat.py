@@ -18,6 +18,18 @@ def _connect(server: HeadraceProcess) -> psycopg.Connection[tuple[object, ...]]:
     return conn
 
 
+def _applied(conn: psycopg.Connection[tuple[object, ...]], table: str, count: int) -> None:
+    """Wait for a new table's first writes: its streaming query may start slower, on a loaded machine, than one
+    read waits for the pipeline (57P03 after 60 s)."""
+    def ready() -> bool:
+        try:
+            return conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (count,)
+        except psycopg.errors.CannotConnectNow:
+            return False
+
+    wait_for(ready, 240, interval=1.0, message=f"the first writes to {table}")
+
+
 def test_values_are_assigned_by_postgres(pg_serving_server: HeadraceProcess) -> None:
     with _connect(pg_serving_server) as conn:
         conn.execute("CREATE TABLE compat_times (n int, d timestamp, z timestamptz, a date)")
@@ -26,6 +38,7 @@ def test_values_are_assigned_by_postgres(pg_serving_server: HeadraceProcess) -> 
                      "(4, 'Feb 16 17:32:01 0097 BC', 'Feb 16 17:32:01 0097 BC', 'Feb 16 0097 BC'), "
                      "(5, 'Sat Mar 12 23:58:48 10000', 'Sat Mar 12 23:58:48 10000 IST', '10000-03-12'), "
                      "(6, 'Mon Feb 10 17:32:01 1997 PST', 'Mon Feb 10 17:32:01 1997 PST', 'Feb 10 1997')")
+        _applied(conn, "compat_times", 6)
         expected = [(1, "1970-01-01 00:00:00", "1970-01-01 00:00:00+00", "1970-01-01"),
                     (2, "infinity", "infinity", "infinity"), (3, "-infinity", "-infinity", "-infinity"),
                     (4, "0097-02-16 17:32:01 BC", "0097-02-16 17:32:01+00 BC", "0097-02-16 BC"),
@@ -41,6 +54,7 @@ def test_values_are_assigned_by_postgres(pg_serving_server: HeadraceProcess) -> 
 
         conn.execute("CREATE TABLE compat_floats (r real, f float8)")
         conn.execute("INSERT INTO compat_floats VALUES ('   -34.84  ', '1.2345678901234e+200')")
+        _applied(conn, "compat_floats", 1)
         assert conn.execute("SELECT r::text, f::text FROM compat_floats").fetchall() == [("-34.84",
                                                                                           "1.2345678901234e+200")]
         with pytest.raises(psycopg.errors.NumericValueOutOfRange) as real:
@@ -70,6 +84,7 @@ def test_truncate_and_multiple_column_set(pg_serving_server: HeadraceProcess) ->
         conn.execute("CREATE TABLE compat_upd (k int PRIMARY KEY, a int, b int DEFAULT 7, c text)")
         conn.execute("CREATE MATERIALIZED VIEW compat_upd_count AS SELECT count(*) AS n FROM compat_upd")
         conn.execute("INSERT INTO compat_upd VALUES (1, 10, 20, 'foo'), (2, 11, 21, 'bar')")
+        _applied(conn, "compat_upd", 2)
         conn.execute("UPDATE compat_upd SET (c, b) = ('car', a + b), a = a + 1 WHERE k = 1")
         conn.execute("UPDATE compat_upd SET (a, b) = (SELECT b, a FROM compat_upd s WHERE s.k = 2) WHERE k = 2")
         conn.execute("UPDATE compat_upd SET (a, b) = ROW(DEFAULT, DEFAULT) WHERE k = 2 RETURNING *")
@@ -95,6 +110,7 @@ def test_temporary_tables_shadow_headraces(pg_serving_server: HeadraceProcess) -
     with _connect(pg_serving_server) as conn, _connect(pg_serving_server) as other:
         conn.execute("CREATE TABLE compat_shadow (f1 float8)")
         conn.execute("INSERT INTO compat_shadow VALUES (1.5)")
+        _applied(conn, "compat_shadow", 1)
         conn.execute("CREATE TEMP TABLE compat_shadow (f1 float8)")
         conn.execute("INSERT INTO compat_shadow VALUES ('   -34.84  '), (2)")  # into the temporary table
         assert conn.execute("SELECT f1 FROM compat_shadow ORDER BY f1").fetchall() == [(-34.84,), (2.0,)]
@@ -107,6 +123,7 @@ def test_cursors_scroll(pg_serving_server: HeadraceProcess) -> None:
     with _connect(pg_serving_server) as conn:
         conn.execute("CREATE TABLE compat_cur (n int PRIMARY KEY)")
         conn.execute("INSERT INTO compat_cur SELECT generate_series(1, 5)")
+        _applied(conn, "compat_cur", 5)
         conn.autocommit = False
         cursor = conn.cursor()
         cursor.execute("DECLARE c CURSOR FOR SELECT n FROM compat_cur ORDER BY n LIMIT 10")

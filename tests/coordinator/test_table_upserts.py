@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlglot import exp
 
-from headrace.coordinator.table_upserts import conflict_clause, split_proposals, update_select
+from headrace.coordinator.table_upserts import check_keys_kept, conflict_clause, split_proposals, update_select
 from headrace.errors import HeadraceError
 from headrace.sql.parser import parse_statement
 from headrace.sql.table_statements import table_from_create_sql
@@ -26,7 +26,6 @@ def insert(sql: str) -> exp.Insert:
     ("INSERT INTO t VALUES (1) ON CONFLICT (id, name) DO NOTHING", "42P10"),
     ("INSERT INTO t VALUES (1) ON CONFLICT DO UPDATE SET n = 1", "42601"),
     ("INSERT INTO t VALUES (1) ON CONFLICT ON CONSTRAINT other DO NOTHING", "42704"),
-    ("INSERT INTO t VALUES (1) ON CONFLICT (id) DO UPDATE SET id = 2", "0A000"),
     ("INSERT INTO t VALUES (1) ON CONFLICT (id) DO UPDATE SET nope = 2", "42703"),
     ("INSERT INTO t VALUES (1) ON CONFLICT (id) DO UPDATE SET n = 1, n = 2", "42601"),
 ])
@@ -77,3 +76,12 @@ def test_one_key_twice_do_update_refused_do_nothing_skips() -> None:
     assert nothing is not None
     split = split_proposals(TABLE, nothing, rows, [(1,), (1,)], {})
     assert split.inserts == [{"id": 1}] and not split.conflicts
+
+
+def test_a_key_may_be_set_to_its_own_value_only() -> None:
+    upsert = conflict_clause(insert("INSERT INTO t VALUES (1) ON CONFLICT (id) DO UPDATE SET (n, id) = (2, 1)"), TABLE)
+    assert upsert is not None and [column.name for column, _ in upsert.assignments] == ["n", "id"]
+    check_keys_kept(TABLE, [({"id": 1, "n": 0}, {"id": 1, "n": 2})])
+    with pytest.raises(HeadraceError) as error:
+        check_keys_kept(TABLE, [({"id": 1, "n": 0}, {"id": 2, "n": 0})])
+    assert error.value.sqlstate == "0A000"

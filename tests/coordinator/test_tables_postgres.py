@@ -455,3 +455,68 @@ def test_a_write_query_is_one_statement(store: PostgresServingStore) -> None:
     assert (caught.value.sqlstate, caught.value.message) == ("42601", "cannot insert multiple commands into a "
                                                                       "prepared statement")
     on_postgres.close_write_pool(store)
+
+
+def test_times_of_any_year_and_infinity_round_trip(store: PostgresServingStore, tmp_path: Path) -> None:
+    drive(store, tmp_path, lambda tables: _times_of_any_year_and_infinity_round_trip(tables, store))
+
+
+async def _times_of_any_year_and_infinity_round_trip(tables: Tables, store: PostgresServingStore) -> None:
+    """Literals PostgreSQL reads ('epoch', BC, year 10000, +-infinity) through the log, the overlay (an UPDATE
+    reads them back) and the serving driver's COPY, stored as PostgreSQL's own INSERT stores them."""
+    await run(tables, "CREATE TABLE times (id int4 PRIMARY KEY, d timestamp, z timestamptz, a date)")
+    values = ("(1, 'epoch', 'epoch', 'epoch'), (2, 'infinity', 'infinity', 'infinity'), "
+              "(3, '-infinity', '-infinity', '-infinity'), "
+              "(4, 'Feb 16 17:32:01 0097 BC', 'Feb 16 17:32:01 0097 BC', 'Feb 16 0097 BC'), "
+              "(5, 'Sat Mar 12 23:58:48 10000', 'Sat Mar 12 23:58:48 10000 IST', '10000-03-12')")
+    await run(tables, f"INSERT INTO times VALUES {values}")
+    update = "UPDATE times SET id = id * 10 WHERE d = 'infinity' OR a < '0001-01-01' OR z > '9999-12-31'"
+    assert await run(tables, update) == CommandComplete("UPDATE 4")  # unapplied: through the overlay
+    apply(store, tables, table_of(tables, "times"))
+    assert await run(tables, "DELETE FROM times WHERE z = '-infinity'") == CommandComplete("DELETE 1")
+    apply(store, tables, table_of(tables, "times"))
+    with store.pool.connection() as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        conn.execute("CREATE TEMPORARY TABLE plain_times (id int4 PRIMARY KEY, d timestamp, z timestamptz, a date)")
+        conn.execute(f"INSERT INTO plain_times VALUES {values}")
+        conn.execute(update.replace("times", "plain_times"))
+        conn.execute("DELETE FROM plain_times WHERE z = '-infinity'")
+        ours = conn.execute("SELECT id, d::text, z::text, a::text FROM public.times ORDER BY id").fetchall()
+        theirs = conn.execute("SELECT id, d::text, z::text, a::text FROM plain_times ORDER BY id").fetchall()
+    assert ours == theirs and len(ours) == 4
+    assert ours[1] == (20, "infinity", "infinity", "infinity")
+
+
+def test_joins_truncate_and_multiple_column_set(store: PostgresServingStore, tmp_path: Path) -> None:
+    drive(store, tmp_path, lambda tables: _joins_truncate_and_multiple_column_set(tables, store))
+
+
+async def _joins_truncate_and_multiple_column_set(tables: Tables, store: PostgresServingStore) -> None:
+    await run(tables, "CREATE TABLE u (a int4, b int4 DEFAULT 7, c text)")
+    await run(tables, "INSERT INTO u VALUES (5, 10, 'foo'), (10, 15, NULL)")
+    assert await run(tables, "UPDATE u SET a = v.i FROM (VALUES (100, 10)) AS v(i, j) WHERE u.b = v.j") == \
+        CommandComplete("UPDATE 1")
+    # a row two joined rows match is updated once
+    assert await run(tables, "UPDATE u SET c = 'x' FROM (VALUES (1), (2)) AS w(n) WHERE u.a = 10") == \
+        CommandComplete("UPDATE 1")
+    assert await run(tables, "UPDATE u SET (c, b) = ('car', a + b), a = a + 1 WHERE a = 10") == \
+        CommandComplete("UPDATE 1")
+    assert await run(tables, "UPDATE u SET (b, a) = (SELECT b, a FROM u WHERE c = 'car') WHERE a = 100") == \
+        CommandComplete("UPDATE 1")
+    assert await run(tables, "UPDATE u SET (a, b) = ROW(DEFAULT, DEFAULT) WHERE c = 'car'") == \
+        CommandComplete("UPDATE 1")
+    apply(store, tables, table_of(tables, "u"))
+    assert sorted(query(store, "SELECT a, b, c FROM public.u"), key=str) == sorted([(None, 7, "car"), (11, 25, "foo")],
+                                                                                 key=str)
+    for statement, sqlstate in (("UPDATE u SET (a, b) = (SELECT 1)", "42601"),
+                                ("UPDATE u SET (a, b) = (1)", "0A000"),
+                                ("INSERT INTO u (a, b, c) VALUES (1, 2)", "42601"),
+                                ("INSERT INTO u (a, b) SELECT 1", "42601")):
+        with pytest.raises(HeadraceError) as caught:
+            await run(tables, statement)
+        assert caught.value.sqlstate == sqlstate, statement
+    assert await run(tables, "DELETE FROM u USING (VALUES ('car')) AS k(c) WHERE u.c = k.c") == \
+        CommandComplete("DELETE 1")
+    assert await run(tables, "TRUNCATE u") == CommandComplete("TRUNCATE TABLE")
+    apply(store, tables, table_of(tables, "u"))
+    assert query(store, "SELECT count(*) FROM public.u") == [(0,)]

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
-from headrace.errors import FeatureNotSupported, HeadraceError, SyntaxError_
+from headrace.errors import FeatureNotSupported, SyntaxError_
 from headrace.sql.ast import (
     CloseCursor,
     CopyStatement,
@@ -48,11 +48,16 @@ def test_declare_fetch_close() -> None:
         assert isinstance(fetch, FetchCursor) and fetch.this == "c" and fetch.args["count"] == count, sql
     assert parse_statement("FETCH 100 c WITH (timeout = '1s')").args["timeout"] == "1s"
     assert parse_statement("CLOSE ALL").this is None and isinstance(parse_statement("CLOSE c"), CloseCursor)
-    with pytest.raises(HeadraceError) as raised:
-        parse_statement("FETCH PRIOR FROM c")
-    assert raised.value.sqlstate == "55000"
-    with pytest.raises(FeatureNotSupported):
-        parse_statement("DECLARE c SCROLL CURSOR FOR SELECT 1")
+    directions = {"FETCH PRIOR FROM c": ("backward", 1), "FETCH FIRST c": ("absolute", 1),
+                  "FETCH LAST c": ("absolute", -1), "FETCH ABSOLUTE -2 c": ("absolute", -2),
+                  "FETCH RELATIVE +3 c": ("relative", 3), "FETCH BACKWARD ALL c": ("backward", None),
+                  "FETCH -2 c": ("backward", 2), "FETCH BACKWARD -1 c": ("forward", 1), "MOVE 3 c": ("forward", 3)}
+    for sql, (direction, count) in directions.items():
+        fetch = parse_statement(sql)
+        assert (fetch.args["direction"], fetch.args["count"]) == (direction, count), sql
+    assert parse_statement("MOVE LAST IN c").args["move"] is True
+    assert parse_statement("DECLARE c SCROLL CURSOR FOR SELECT 1").args["scroll"] is True
+    assert parse_statement("DECLARE c NO SCROLL CURSOR FOR SELECT 1").args["scroll"] is False
 
 
 def test_transactions() -> None:

@@ -41,7 +41,9 @@ class TableColumn:
     pg_type: str  # canonical PostgreSQL name: int4, text, varchar, timestamptz, ...
     not_null: bool = False
     max_length: int | None = None  # varchar(n) / char(n)
-    precision: int | None = None  # numeric(p,s); None: unconstrained numeric (held as DECIMAL(38,10))
+    # numeric(p,s) (None: unconstrained numeric, held as DECIMAL(38,10)); timestamp(p) / timestamptz(p): p
+    # fractional digits of the seconds (None: 6)
+    precision: int | None = None
     scale: int | None = None
     default: str | None = None  # DEFAULT: the expression's SQL (coordinator/table_defaults.py evaluates it)
 
@@ -63,6 +65,8 @@ class TableColumn:
         """The type as PostgreSQL writes it (varchar(10), numeric(10,2), int4, ...)."""
         if self.pg_type == "numeric" and self.precision is not None:
             return f"numeric({self.precision},{self.scale or 0})"
+        if self.pg_type in ("timestamp", "timestamptz") and self.precision is not None:
+            return f"{self.pg_type}({self.precision})"
         return f"{self.pg_type}({self.max_length})" if self.max_length is not None else self.pg_type
 
 

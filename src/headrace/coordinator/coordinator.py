@@ -72,7 +72,9 @@ from headrace.errors import (
 from headrace.sql.ast import CopyStatement, GrantPrivileges, SavepointStatement, ShowObjects, SubscribeStatement
 from headrace.sql.limits import off_loop
 from headrace.sql.parser import parse_client_statement, parse_statement
-from headrace.sql.table_statements import is_create_table, is_drop_table, is_write, table_from_create, write_target
+from headrace.coordinator.temp_relations import shadowed_names
+from headrace.sql.table_statements import (is_create_table, is_drop_table, is_write, table_from_create,
+                                           truncate_as_delete, write_target)
 from headrace.sql.select import is_query, plan_select, refuse_store_only_functions
 from headrace.sql.types import TEXT_OID
 from headrace.store.postgres_server import PostgresStore
@@ -179,6 +181,12 @@ class Coordinator:
                 # syntax headrace does not know: PostgreSQL's to run or to refuse with its own error
                 self.passthrough.routes.remember(fingerprint, sql)
                 return await self.passthrough.prepare(session, sql, param_types, None, describe=describe)
+        if self.passthrough is not None and (shadowed := await self._shadowed_by_temporary(session, ast)):
+            # names the session's temporary relations on the store, which PostgreSQL finds before headrace's
+            statement = await self.passthrough.prepare(session, sql, param_types, ast, describe=describe)
+            statement.store_reads = tuple(r for r in self._headrace_relations_read(ast)
+                                          if r[0] is not None or r[1].lower() not in shadowed)
+            return statement
         if self.passthrough is not None and self._is_postgres_statement(ast):
             # Over headrace's relations (kept in the store PostgreSQL): headrace checks them at execute; the shape is
             # remembered with them, so the next statement of the shape skips the parser but not the checks. A point
@@ -282,14 +290,46 @@ class Coordinator:
                 return all(self.indexes.catalog.find(t.db or "public", t.name) is None
                            for t in ast.find_all(exp.Table))
             return isinstance(ast, exp.Create) and not mentions_headrace(ast, self._relation_named)
-        if is_create_table(ast) and not is_temporary_table(ast) and ast.expression is None:
-            return False  # a headrace table: its writes feed the pipeline
+        if is_create_table(ast) and ast.expression is None:
+            # a headrace table (its writes feed the pipeline), or a temporary one: the store's, even when it shadows
+            # a headrace relation of the same name (coordinator/temp_relations.py)
+            return is_temporary_table(ast)
         if is_drop_table(ast) and any(self.catalog.find_table(t.db or "public", t.name) is not None
                                       for t in ast.find_all(exp.Table)):
             return False  # a headrace table: its log, storage and views go with it (coordinator/tables.py)
         if self.serving_on_postgres:
             return self._store_answers(ast)
         return not mentions_headrace(ast, self._relation_named)
+
+    async def _shadowed_by_temporary(self, session: Session, ast: exp.Expr) -> frozenset[str]:
+        """The names in `ast` that are the session's temporary relations on the store (coordinator/temp_relations.py),
+        unless `ast` is headrace's own kind of statement; 0A000 for a statement that cannot run on the store whole (a
+        write to one of headrace's tables, or, with the DuckDB serving store, a read of its relations too)."""
+        assert self.passthrough is not None
+        if isinstance(ast, (*SESSION_STATEMENTS, SubscribeStatement, ShowObjects, GrantPrivileges, *ROLE_STATEMENTS)) \
+                or view_ddl.handles(ast) or is_source_ddl(ast) or sink_ddl.handles(ast):
+            return frozenset()
+        shadowed = await self.passthrough.temporary_names(session, ast)
+        if shadowed and not self.serving_on_postgres and any(
+                schema is not None or name.lower() not in shadowed for schema, name in self._headrace_relations_read(ast)):
+            raise HeadraceError(  # headrace's relations are not in the store: not one statement
+                f'relation "{sorted(shadowed)[0]}" is a temporary relation of the store PostgreSQL and cannot be used '
+                "together with headrace's sources, tables and views yet", sqlstate="0A000",
+                hint="query it on its own (docs/store.md)")
+        if shadowed and is_write(ast):
+            try:
+                target = write_target(ast)
+            except HeadraceError:
+                return shadowed
+            written = shadowed_names(truncate_as_delete(ast) if isinstance(ast, exp.TruncateTable) else ast.this,
+                                     shadowed)  # the target, if it is a temporary one (unqualified)
+            if not written and self._relation_named(target.schema or "public", target.name):
+                # a write to headrace's table that reads the session's temporary relation: not one statement yet
+                raise HeadraceError(
+                    f'relation "{sorted(shadowed)[0]}" is a temporary relation of the store PostgreSQL and cannot be '
+                    "used together with headrace's tables in a write yet", sqlstate="0A000",
+                    hint="read it into the table with a separate statement, or qualify the name with its schema")
+        return shadowed
 
     def _store_answers(self, ast: exp.Expr) -> bool:
         """With the PostgreSQL serving store (headrace's relations are real relations there), whether PostgreSQL

@@ -113,3 +113,62 @@ def parse_timeout(text: str | None) -> float | None:
     if seconds < 0:
         raise HeadraceError("timeout must not be negative", sqlstate="22023")
     return seconds
+
+
+# ---------------------------------------------------------------------------------------------- scrolling
+
+FORWARD, BACKWARD, ABSOLUTE, RELATIVE = "forward", "backward", "absolute", "relative"
+
+
+class ScrollRows:
+    """A cursor over rows held in memory (every cursor but a SUBSCRIBE's: its query's rows come whole from the
+    serving store), positioned as PostgreSQL positions a cursor: 0 before the first row, 1..n on a row, n + 1 after
+    the last. `fetch` answers FETCH and MOVE in every direction PostgreSQL has: NEXT / FORWARD [n | ALL], PRIOR /
+    BACKWARD [n | ALL], FIRST / LAST / ABSOLUTE n, RELATIVE n (count None: ALL)."""
+
+    def __init__(self, rows: Sequence[Row]) -> None:
+        self.rows = list(rows)
+        self.position = 0
+
+    def needs_backward(self, direction: str, count: int | None) -> bool:
+        """Whether PostgreSQL would have to scan backward for this FETCH (refused for a NO SCROLL cursor): any
+        backward move, a re-fetch of the current row (FORWARD 0, RELATIVE 0), an ABSOLUTE at or before it."""
+        on_row = 1 <= self.position <= len(self.rows)
+        if direction in (FORWARD, BACKWARD, RELATIVE) and count == 0:
+            return on_row
+        if direction == FORWARD:
+            return False
+        if direction == RELATIVE:
+            return count is not None and count < 0
+        if direction == ABSOLUTE:
+            return count is None or count <= self.position
+        return True
+
+    def fetch(self, direction: str, count: int | None) -> list[Row]:
+        total = len(self.rows)
+        if direction in (FORWARD, BACKWARD) and count == 0:
+            direction, count = RELATIVE, 0  # FETCH FORWARD 0 / BACKWARD 0: the current row again
+        if direction == FORWARD:
+            taken = self.rows[self.position:] if count is None else self.rows[self.position:self.position + count]
+            ran_out = count is None or len(taken) < count
+            self.position = total + 1 if ran_out else self.position + count  # type: ignore[operator]
+            return taken
+        if direction == BACKWARD:
+            start = 0 if count is None else max(self.position - 1 - count, 0)
+            taken = self.rows[start:max(self.position - 1, 0)][::-1]
+            ran_out = count is None or len(taken) < count
+            self.position = 0 if ran_out else self.position - count  # type: ignore[operator]
+            return taken
+        assert count is not None
+        if direction == ABSOLUTE:
+            target = count if count >= 0 else total + 1 + count
+        else:  # RELATIVE
+            target = self.position + count
+        if target < 1:
+            self.position = 0
+            return []
+        if target > total:
+            self.position = total + 1
+            return []
+        self.position = target
+        return [self.rows[target - 1]]

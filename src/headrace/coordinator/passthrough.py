@@ -28,6 +28,7 @@ from sqlglot import exp
 from headrace.coordinator.responses import (Column, CommandComplete, CopyFrom, ExecuteResponse, SendingRows,
                                             StatementDescription)
 from headrace.coordinator.session import Portal, PreparedStatement, Session
+from headrace.coordinator.temp_relations import TemporaryRelations, shadowed_names
 from headrace.pgwire.copy_format import CopyOptions
 from headrace.pgwire.types import TEXT as TEXT_OID
 from headrace.pgwire.types import encode_value
@@ -213,6 +214,8 @@ class BackendState:
     # anything that may change them (a setting, DDL); a result whose columns differ from its description (DDL of
     # another session) is PostgreSQL's "cached plan must not change result type" (0A000), and is described anew.
     descriptions: OrderedDict[tuple[str, tuple[int, ...]], StatementDescription] = field(default_factory=OrderedDict)
+    # its temporary relations, which shadow headrace's of the same name (coordinator/temp_relations.py)
+    temporary: TemporaryRelations = field(default_factory=TemporaryRelations)
 
     def remember_description(self, key: tuple[str, tuple[int, ...]], description: StatementDescription) -> None:
         self.descriptions[key] = description
@@ -276,6 +279,7 @@ class Passthrough:
         result: BackendResult = await self._cancellable(backend, cancel, backend.connection.execute(
             statement.sql, params, statement.description.param_types if params else (), formats, result_format))
         notices = (*result.notices, *([statement.notice] if statement.notice else []))
+        backend.temporary.note(statement.sql, result.columns is None and not result.tag.startswith(_DML_TAGS))
         _check_description(backend, statement, result)
         if result.columns is None:
             portal.finished = True
@@ -308,12 +312,22 @@ class Passthrough:
                 "headrace's sources, tables and views yet", sqlstate="0A000",
                 hint="query it on its own, or create the table so that headrace keeps it (docs/store.md)")
 
+    async def temporary_names(self, session: Session, ast: exp.Expr) -> frozenset[str]:
+        """The names `ast` uses that are the session's temporary relations on its backend (which PostgreSQL
+        resolves before headrace's relations of the same name); empty without a backend."""
+        backend = self._backends.get(session.connection_id)
+        if backend is None or backend.connection.closed or backend.connection.copying_in \
+                or not backend.temporary.possible:
+            return frozenset()
+        return shadowed_names(ast, await backend.temporary.current(backend.connection))
+
     # ---- the session's transaction and settings ----------------------------------------------
     async def after_session_statement(self, session: Session, ast: exp.Expr) -> None:
         """BEGIN ... COMMIT / ROLLBACK / SAVEPOINT as headrace ran them: the backend follows when it is open."""
         backend = self._backends.get(session.connection_id)
         if backend is None:
             return
+        backend.temporary.note("", changed_relations=True)  # COMMIT / ROLLBACK / DISCARD may drop temporary tables
         connection = backend.connection
         if isinstance(ast, DiscardStatement) and str(ast.this).lower() == "all" and not connection.in_transaction:
             await connection.run("DISCARD ALL")  # temporary tables, prepared plans, settings go

@@ -155,6 +155,8 @@ class Privileges:
             letters = "w" + ("r" if ast.args.get("where") is not None or _reads_columns(ast) else "")
         elif isinstance(ast, exp.Delete):
             letters = "d" + ("r" if ast.args.get("where") is not None else "")
+        elif isinstance(ast, exp.TruncateTable):
+            letters = "D"
         if ast.args.get("returning") is not None:
             letters += "r"
         others = [(node.db or DEFAULT_SCHEMA, node.name) for node in referenced_tables(ast)]

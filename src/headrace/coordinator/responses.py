@@ -117,6 +117,8 @@ class Fetch:
     name: str
     count: int | None
     timeout_s: float | None
+    direction: str = "forward"  # or backward, absolute, relative (coordinator/cursors.py ScrollRows)
+    move: bool = False  # MOVE: the cursor moves, no rows are sent (tag MOVE n)
 
 
 ExecuteResponse = SendingRows | CommandComplete | EmptyQuery | Subscribing | CopyTo | CopyFrom | Fetch

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlglot import exp
 
-from headrace.coordinator.cursors import SubscriptionBuffer
+from headrace.coordinator.cursors import ScrollRows, SubscriptionBuffer
 from headrace.coordinator.responses import Column, StatementDescription
 from headrace.errors import (
     HeadraceError,
@@ -65,6 +65,10 @@ class Portal:
     declared_in_block: bool = False  # a ROLLBACK of that block drops even a WITH HOLD cursor
     # A portal over a streaming statement (SUBSCRIBE): FETCH draws from it.
     stream: SubscriptionBuffer | None = None
+    # A cursor over rows: all of them, positioned (FETCH / MOVE in any direction); `scroll` is DECLARE's SCROLL
+    # (True), NO SCROLL (False, forward only) or neither (None: backward allowed, as PostgreSQL's plans mostly do).
+    scroll_rows: ScrollRows | None = None
+    scroll: bool | None = None
     result_formats: tuple[int, ...] = ()  # Bind's result format codes (a store backend statement asks for them)
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from sqlglot import exp
 
 from headrace.coordinator.copy import CopyTargets, copy_to
-from headrace.coordinator.cursors import SubscriptionBuffer, parse_timeout
+from headrace.coordinator.cursors import FORWARD, ScrollRows, SubscriptionBuffer, parse_timeout
 from headrace.coordinator.responses import (
     CommandComplete,
     CopyFrom,
@@ -84,7 +84,7 @@ class SessionStatements:
             columns = show_columns(ast.this)
         elif isinstance(ast, ExecuteStatement):
             columns = session.get_statement(ast.this).description.columns
-        elif isinstance(ast, FetchCursor):
+        elif isinstance(ast, FetchCursor) and not ast.args.get("move"):
             portal = session.portals.get(ast.this)
             if portal is not None:
                 columns = portal_columns(portal)
@@ -120,7 +120,8 @@ class SessionStatements:
             return await self._declare(session, ast)
         if isinstance(ast, FetchCursor):
             session.get_portal(ast.this)  # 34000 now rather than in the inner execute
-            return Fetch(ast.this, ast.args.get("count"), parse_timeout(ast.args.get("timeout")))
+            return Fetch(ast.this, ast.args.get("count"), parse_timeout(ast.args.get("timeout")),
+                         ast.args.get("direction") or FORWARD, bool(ast.args.get("move")))
         if isinstance(ast, CloseCursor):
             return self._close(session, ast)
         if isinstance(ast, CopyStatement):
@@ -203,6 +204,7 @@ class SessionStatements:
             raise HeadraceError(f"there is no parameter ${1}", sqlstate="42P02")
         portal = session.set_portal(name, statement, ())
         portal.cursor, portal.hold, portal.binary = True, hold, bool(ast.args.get("binary"))
+        portal.scroll = ast.args.get("scroll")
         portal.declared_in_block = session.in_block
         return CommandComplete("DECLARE CURSOR")
 
@@ -294,22 +296,40 @@ def portal_columns(portal: Portal) -> tuple[Any, ...] | None:
     return portal.columns if portal.columns is not None else portal.statement.description.columns
 
 
-async def fetch_rows(runner: StatementRunner, session: Session, fetch: Fetch, cancel: asyncio.Event) -> SendingRows:
-    """The inner execute of a FETCH: up to `count` rows of the cursor, tagged FETCH. A cursor over
-    a stream waits for its first row (up to the timeout); one over rows takes what is left."""
+async def fetch_rows(runner: StatementRunner, session: Session, fetch: Fetch,
+                     cancel: asyncio.Event) -> SendingRows | CommandComplete:
+    """The inner execute of a FETCH (or MOVE): rows of the cursor, tagged FETCH (MOVE n: the count only). A cursor
+    over rows runs its query whole at its first FETCH and scrolls over them (coordinator/cursors.py ScrollRows);
+    one over a stream (SUBSCRIBE) goes forward only, waiting for its first row (up to the timeout)."""
     portal = session.get_portal(fetch.name)
-    if portal.stream is None and not portal.finished and fetch.count != 0:
-        response = await runner.execute(session, portal, fetch.count or 0, cancel)
-        if isinstance(response, SendingRows):
-            return SendingRows(response.columns, response.rows, "FETCH")
-        if not isinstance(response, Subscribing):
-            raise UndefinedCursor(f'cursor "{fetch.name}" does not return rows')
-        portal.stream = SubscriptionBuffer(response)
+    if portal.stream is None and portal.scroll_rows is None:
+        rows: list[Any] = []
+        if not portal.finished:
+            response = await runner.execute(session, portal, 0, cancel)
+            if isinstance(response, Subscribing):
+                portal.stream = SubscriptionBuffer(response)
+            elif isinstance(response, SendingRows):
+                rows = list(response.rows)
+            else:
+                raise UndefinedCursor(f'cursor "{fetch.name}" does not return rows')
+        if portal.stream is None:
+            portal.scroll_rows = ScrollRows(rows)
     columns = portal_columns(portal) or ()
-    if portal.stream is None or fetch.count == 0:
-        return SendingRows(columns, [], "FETCH")
-    rows = await portal.stream.take(fetch.count, fetch.timeout_s, cancel)
-    return SendingRows(columns, rows, "FETCH")
+    if (fetch.direction != FORWARD and portal.stream is not None) or (
+            portal.scroll is False and portal.scroll_rows is not None
+            and portal.scroll_rows.needs_backward(fetch.direction, fetch.count)):
+        raise HeadraceError("cursor can only scan forward", sqlstate="55000",
+                            hint="Declare it with SCROLL option to enable backward scan.")
+    if portal.scroll_rows is not None:
+        found = portal.scroll_rows.fetch(fetch.direction, fetch.count)
+    elif fetch.count == 0:
+        found = []
+    else:
+        assert portal.stream is not None
+        found = await portal.stream.take(fetch.count, fetch.timeout_s, cancel)
+    if fetch.move:
+        return CommandComplete(f"MOVE {len(found)}")
+    return SendingRows(columns, found, "FETCH")
 
 
 def type_oid(type_name: str) -> int:

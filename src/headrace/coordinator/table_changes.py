@@ -8,7 +8,6 @@ transaction)."""
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,10 +45,11 @@ def duplicate_key(table: Table, key: Key) -> HeadraceError:
 
 def _column_text(column: TableColumn, value: Any) -> str:
     """A document value as PostgreSQL prints it in a failing row (dates, timestamps, ... not their numbers)."""
+    if column.pg_type in ("date", "timestamp", "timestamptz") and isinstance(value, int):
+        return table_types.date_text(value) if column.pg_type == "date" else \
+            table_types.time_text(value, with_zone=column.pg_type == "timestamptz")
     if column.pg_type in table_types.EXACT_TYPES:
         value = table_types.to_python(column.pg_type, value)
-    elif column.pg_type == "timestamptz" and isinstance(value, int):
-        value = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(microseconds=value)
     return _text(value)
 
 

@@ -8,7 +8,8 @@ are proposed as a plain INSERT computes them (defaults applied); a proposed row 
 store, the unapplied log or this transaction) is skipped (DO NOTHING) or becomes an update of the existing
 row (DO UPDATE): its SET expressions and WHERE are evaluated by the serving store over the existing row, with
 `EXCLUDED.col` naming the proposed row's columns. As in PostgreSQL, DO UPDATE may not touch one key twice in
-a statement (21000), DO NOTHING skips a later duplicate. SET of a primary key column is refused (0A000).
+a statement (21000), DO NOTHING skips a later duplicate. SET of a primary key column may keep its value (`SET (b, a)
+= (SELECT b, a ...)`); changing it is refused (0A000, `check_keys_kept`).
 This module plans (pure); coordinator/tables.py applies the result under the table's lock."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sqlglot import exp
 
 from headrace.catalog.tables import Table, TableColumn
 from headrace.errors import FeatureNotSupported, HeadraceError, SyntaxError_, UndefinedColumn
+from headrace.sql import table_statements as grammar
 
 Key = tuple[Any, ...]
 Document = dict[str, Any]
@@ -51,21 +53,26 @@ def conflict_clause(ast: exp.Insert, table: Table) -> Upsert | None:
         return Upsert(do_update=False)
     assignments = []
     seen: set[str] = set()
-    for node in clause.expressions:
-        if not isinstance(node, exp.EQ) or not isinstance(node.this, exp.Column):
-            raise FeatureNotSupported("ON CONFLICT DO UPDATE SET takes column = expression")
-        column = table.column(node.this.name)
+    for target, value in grammar.assignments(clause.expressions, "ON CONFLICT DO UPDATE SET"):
+        column = table.column(target.name)
         if column is None:
-            raise UndefinedColumn(f'column "{node.this.name}" of relation "{table.name}" does not exist')
+            raise UndefinedColumn(f'column "{target.name}" of relation "{table.name}" does not exist')
         if column.name in seen:
             raise SyntaxError_(f'multiple assignments to same column "{column.name}"')
-        if column.name in table.primary_key:
-            raise FeatureNotSupported(f'ON CONFLICT DO UPDATE cannot set the primary key column "{column.name}"')
         seen.add(column.name)
-        assignments.append((column, node.expression))
+        assignments.append((column, value))
     where = clause.args.get("where")
     return Upsert(do_update=True, assignments=tuple(assignments),
                   where=where.this if isinstance(where, exp.Where) else where)
+
+
+def check_keys_kept(table: Table, pairs: list[tuple[Document, Document]]) -> None:
+    """0A000 when an update of a conflict would change the row's primary key (headrace's upsert updates the row
+    in place; a moved key would need the conflict checks of an insert)."""
+    for old, new in pairs:
+        for name in table.primary_key:
+            if old.get(name) != new.get(name):
+                raise FeatureNotSupported(f'ON CONFLICT DO UPDATE cannot change the primary key column "{name}"')
 
 
 def _check_target(clause: exp.OnConflict, table: Table, do_update: bool) -> None:

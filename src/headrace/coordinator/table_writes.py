@@ -92,6 +92,30 @@ def _simple_value(node: exp.Expr, params: Sequence[Any]) -> Any:
     return params[number - 1]
 
 
+_INTEGER_TYPES = frozenset({"int2", "int4", "int8"})
+
+
+def _python_assigns(rows: list[list[exp.Expr]], columns: Sequence[TableColumn | None]) -> bool:
+    """Whether Python assigns these VALUES exactly as PostgreSQL would: parameters (typed as their columns),
+    NULL, DEFAULT, text literals into text columns, integers into integer columns, booleans into bool. Anything
+    else (a string literal into a timestamp, a float, a varchar(n), ...) is PostgreSQL's to read on the PostgreSQL
+    serving store: 'now', 'epoch', 'Feb 10 17:32:01 1997 PST', 'infinity', '10e400' for a real ..."""
+    for row in rows:
+        for node, column in zip(row, columns):
+            if _is_parameter(node) or _is_default(node) or isinstance(node, exp.Null) or column is None:
+                continue
+            if isinstance(node, exp.Boolean) and column.pg_type == "bool":
+                continue
+            if isinstance(node, exp.Literal) and node.is_string and column.pg_type == "text":
+                continue
+            number = node.this if isinstance(node, exp.Neg) else node
+            if isinstance(number, exp.Literal) and not number.is_string and number.this.isdigit() \
+                    and column.pg_type in _INTEGER_TYPES:
+                continue
+            return False
+    return True
+
+
 def _values_rows(ast: exp.Insert) -> list[list[exp.Expr]] | None:
     values = ast.args.get("expression")
     if not isinstance(values, exp.Values):
@@ -142,11 +166,14 @@ class WriteComputer:
         names = grammar.insert_columns(ast, table)
         columns = [table.column(name) for name in names]
         rows = _values_rows(ast)
+        _check_width(ast, rows, len(columns))
         now = datetime.datetime.now(datetime.timezone.utc)
-        if rows is not None and all(_is_simple(node) for row in rows for node in row):
+        on_store = isinstance(self.store, PostgresServingStore)
+        if rows is not None and all(_is_simple(node) for row in rows for node in row) \
+                and not (on_store and not _python_assigns(rows, columns)):
             values = [[_DEFAULT if _is_default(node) else _simple_value(node, params) for node in row]
                       for row in rows]
-        elif isinstance(self.store, PostgresServingStore):
+        elif on_store:
             values = await self._run(on_postgres.insert_values, self.store, table, ast,
                                      [c for c in columns if c is not None], params, session, overlay)
         else:
@@ -270,6 +297,23 @@ class WriteComputer:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
 
 
+def _check_width(ast: exp.Insert, rows: list[list[exp.Expr]] | None, width: int) -> None:
+    """With a column list, a VALUES row or a SELECT giving fewer values is PostgreSQL's 42601 (without one, the
+    columns left out take their DEFAULT)."""
+    if not (isinstance(ast.this, exp.Schema) and ast.this.expressions):
+        return
+    query = ast.args.get("expression")
+    if rows is not None:
+        short = any(len(row) < width for row in rows)
+    elif isinstance(query, exp.Select) and not any(isinstance(s, exp.Star) or isinstance(s, exp.Column)
+                                                   and isinstance(s.this, exp.Star) for s in query.selects):
+        short = len(query.selects) < width
+    else:
+        short = False
+    if short:
+        raise SyntaxError_("INSERT has more target columns than expressions")
+
+
 def _filter_select(table: Table, ast: exp.Expr) -> exp.Select:
     """SELECT t.*[, SET expressions] FROM t [AS alias] WHERE ...: over a CTE named t (the current contents)."""
     target = ast.this.copy()
@@ -282,6 +326,12 @@ def _filter_select(table: Table, ast: exp.Expr) -> exp.Select:
         for index, (column, value) in enumerate(_set_list(ast, table)):
             projections.append(exp.alias_(_typed(value, column), f"{SET_PREFIX}{index}", quoted=True))
     select = exp.Select(expressions=projections).from_(target)
+    joined = grammar.other_relations(ast)
+    for relation in joined:  # UPDATE ... FROM / DELETE ... USING (PostgreSQL serving store only)
+        select.append("joins", exp.Join(this=relation))
+    if joined:  # a row several joined rows match is changed once, as PostgreSQL changes it
+        select.set("distinct", exp.Distinct(on=exp.Tuple(expressions=[
+            exp.column(name, table=reference, quoted=True) for name in table.store_key])))
     where = ast.args.get("where")
     if where is not None:
         where = where.copy()
@@ -302,16 +352,13 @@ def _documents(table: Table, rows: list[tuple[Any, ...]]) -> list[Document]:
 def _set_list(ast: exp.Update, table: Table) -> list[tuple[TableColumn, exp.Expr]]:
     assignments = []
     seen = set()
-    for node in ast.expressions:
-        if not isinstance(node, exp.EQ) or not isinstance(node.this, exp.Column):
-            raise FeatureNotSupported("UPDATE ... SET takes column = expression")
-        column = table.column(node.this.name)
+    for target, value in grammar.assignments(ast.expressions, "UPDATE ... SET"):
+        column = table.column(target.name)
         if column is None:
-            raise UndefinedColumn(f'column "{node.this.name}" of relation "{table.name}" does not exist')
+            raise UndefinedColumn(f'column "{target.name}" of relation "{table.name}" does not exist')
         if column.name in seen:
             raise SyntaxError_(f'multiple assignments to same column "{column.name}"', sqlstate="42601")
         seen.add(column.name)
-        value = node.expression
         assignments.append((column, _default_node(column) if _is_default(value) else value))
     return assignments
 
@@ -343,9 +390,13 @@ def defaults_document(table: Table, now: datetime.datetime) -> Document:
 
 
 def _default_node(column: TableColumn | None) -> exp.Expr:
-    """DEFAULT in a planned statement: the column's default expression (now(), a constant, ...) or NULL."""
+    """DEFAULT in a planned statement: the column's default expression (now(), a constant, ...) or NULL, a NULL
+    typed as the column (an untyped NULL in a sub-select is text, which PostgreSQL will not assign to an integer)."""
     node = default_ast(column) if column is not None else None
-    return node if node is not None else exp.Null()
+    if node is not None:
+        return node
+    return exp.Null() if column is None else exp.Cast(this=exp.Null(), to=exp.DataType.build(column.pg_type,
+                                                                                               dialect="postgres"))
 
 
 def _typed(node: exp.Expr, column: TableColumn) -> exp.Expr:

@@ -35,10 +35,17 @@ _SESSION_SETTINGS = {"timezone": "TimeZone", "statement_timeout": "statement_tim
 
 
 def session_settings(session: Any) -> dict[str, str]:
-    """The session's settings a write's query depends on (TimeZone for casts of timestamptz, its
-    statement_timeout), to be SET LOCAL for it."""
+    """The session's settings a write's query depends on (TimeZone for casts of timestamptz, DateStyle's field
+    order for reading dates, its statement_timeout), to be SET LOCAL for it."""
     variables: Mapping[str, str] = getattr(session, "variables", None) or {}
-    return {setting: str(variables[name]) for name, setting in _SESSION_SETTINGS.items() if name in variables}
+    settings = {setting: str(variables[name]) for name, setting in _SESSION_SETTINGS.items() if name in variables}
+    datestyle = str(variables.get("datestyle") or "")
+    order = datestyle.rsplit(",", 1)[-1].strip().upper()
+    if order in ("MDY", "DMY", "YMD"):
+        # the session's field order reads '02-10-1997' as PostgreSQL would for it; the output stays ISO, which is
+        # what the values are read back in
+        settings["DateStyle"] = f"ISO, {order}"
+    return settings
 
 
 def _parameter_number(node: exp.Expr) -> int | None:

@@ -139,6 +139,9 @@ class Tables:
     async def describe(self, ast: exp.Expr, param_types: Sequence[int]) -> StatementDescription:
         if not grammar.is_write(ast):
             return StatementDescription(tuple(param_types), None)
+        if isinstance(ast, exp.TruncateTable):
+            self._write_table(ast)  # 42P01 / 42809 now
+            return StatementDescription(tuple(param_types), None)
         table = self._write_table(ast)
         types = await self.writes.param_types(table, ast, param_types)
         returning = grammar.returning_columns(ast, table)
@@ -153,7 +156,10 @@ class Tables:
         if grammar.is_drop_table(ast):
             assert isinstance(ast, exp.Drop)
             return await self.drop(ast)
-        grammar.refuse_unsupported(ast)
+        truncating = isinstance(ast, exp.TruncateTable)
+        if truncating:  # a DELETE of every row, through the log (views over the table follow)
+            ast = grammar.truncate_as_delete(ast)
+        grammar.refuse_unsupported(ast, joins_allowed=isinstance(self.store, PostgresServingStore))
         table = self._write_table(ast)
         table_log = self._logs.get(table.id)
         if table_log is None:
@@ -171,7 +177,7 @@ class Tables:
                 record = pending.changes()
                 if record:
                     await table_log.append(record)
-        return self._result(table, ast, count, rows)
+        return CommandComplete("TRUNCATE TABLE") if truncating else self._result(table, ast, count, rows)
 
     async def _compute(self, table: Table, ast: exp.Expr, params: Sequence[Any], session: Session,
                        pending: changes.PendingTable, overlay: dict[Any, Any]) -> tuple[int, list[dict[str, Any]]]:
@@ -207,6 +213,7 @@ class Tables:
         split = upserts.split_proposals(table, upsert, documents, keys, existing)
         updated = await self.writes.upsert_pairs(table, ast, upsert, split.conflicts, params, session)
         pairs = [pair for pair in updated if pair is not None]
+        upserts.check_keys_kept(table, pairs)
         for _, new in pairs:
             new[HIDDEN_VERSION] = self._row_ids.next()
         count = changes.insert(pending, split.inserts, existing)

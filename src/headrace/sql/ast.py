@@ -84,14 +84,15 @@ class DeclareCursor(exp.Expression):
     """DECLARE <name> [BINARY] [NO SCROLL] CURSOR [WITH[OUT] HOLD] FOR <query>"""
 
     arg_types: dict[str, Any] = {"this": True, "hold": True, "binary": True, "statement": True,
-                                 "statement_sql": True}
+                                 "statement_sql": True, "scroll": False}
 
 
 class FetchCursor(exp.Expression):
-    """FETCH [FORWARD] [n | ALL | NEXT] [FROM | IN] <name> [WITH (timeout = '1s')]
-    `count` None means ALL; `timeout` is the option's text or None."""
+    """FETCH | MOVE [direction] [FROM | IN] <name> [WITH (timeout = '1s')]: `direction` "forward" (the default),
+    "backward", "absolute" or "relative" with its `count` (None means ALL); `move` for MOVE; `timeout` is the
+    option's text or None."""
 
-    arg_types: dict[str, Any] = {"this": True, "count": False, "timeout": False}
+    arg_types: dict[str, Any] = {"this": True, "count": False, "timeout": False, "direction": False, "move": False}
 
 
 class CloseCursor(exp.Expression):

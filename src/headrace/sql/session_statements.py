@@ -35,7 +35,7 @@ from headrace.sql.parser import HeadraceTokenizer
 
 StatementParser = Callable[[str], exp.Expr]
 
-_SESSION_KEYWORDS = {"PREPARE", "EXECUTE", "DEALLOCATE", "DECLARE", "FETCH", "CLOSE", "SET", "RESET",
+_SESSION_KEYWORDS = {"PREPARE", "EXECUTE", "DEALLOCATE", "DECLARE", "FETCH", "MOVE", "CLOSE", "SET", "RESET",
                      "DISCARD", "START", "BEGIN", "COMMIT", "END", "ROLLBACK", "ABORT", "COPY",
                      "SUBSCRIBE", "SAVEPOINT", "RELEASE"}
 _STRING_TOKENS = (TokenType.STRING, TokenType.NATIONAL_STRING, TokenType.BYTE_STRING)
@@ -209,13 +209,16 @@ class _Parser:
     def _parse_declare(self) -> exp.Expr:
         name = self._name()
         binary = False
+        scroll: bool | None = None  # None: backward fetches allowed (PostgreSQL allows them where its plan can)
         while True:
             if self._match("BINARY"):
                 binary = True
-            elif self._match("ASENSITIVE") or self._match("INSENSITIVE") or self._match("NO", "SCROLL"):
+            elif self._match("ASENSITIVE") or self._match("INSENSITIVE"):
                 pass
+            elif self._match("NO", "SCROLL"):
+                scroll = False
             elif self._match("SCROLL"):
-                raise FeatureNotSupported("SCROLL cursors are not supported", hint="use NO SCROLL")
+                scroll = True
             else:
                 break
         self._expect("CURSOR")
@@ -227,7 +230,7 @@ class _Parser:
         self._expect("FOR")
         statement_sql = self._rest_sql()
         return DeclareCursor(this=name, hold=hold, binary=binary, statement=self._parse_statement(statement_sql),
-                             statement_sql=statement_sql)
+                             statement_sql=statement_sql, scroll=scroll)
 
     def _fetch_count(self) -> int:
         """FETCH's count: an integer, as PostgreSQL's grammar takes it (`FETCH 1.5 c` is a syntax error there)."""
@@ -235,23 +238,56 @@ class _Parser:
             self._error()
         return int(self._advance().text)
 
-    def _parse_fetch(self) -> exp.Expr:
-        count: int | None = 1
-        if self._match("FORWARD") or self._match("NEXT"):
-            if self._match("ALL"):
-                count = None
-            elif self._current is not None and self._current.token_type == TokenType.NUMBER:
-                count = self._fetch_count()
-        elif self._match("ALL"):
-            count = None
-        elif self._current is not None and self._current.token_type == TokenType.NUMBER:
-            count = self._fetch_count()
-        elif self._peek_word() in ("PRIOR", "FIRST", "LAST", "ABSOLUTE", "RELATIVE", "BACKWARD"):
-            raise FeatureNotSupported("cursor can only scan forward",
-                                      hint="Declare it with SCROLL option to enable backward scan.",
-                                      sqlstate="55000")
-        elif self._current is not None and self._current.token_type == TokenType.DASH:
-            raise FeatureNotSupported("cursor can only scan forward", sqlstate="55000")
+    def _signed_count(self) -> int | None:
+        """A signed integer count, when one is next (`FETCH -1`, `RELATIVE +2`)."""
+        token = self._current
+        if token is None:
+            return None
+        sign = 1
+        if token.token_type in (TokenType.DASH, TokenType.PLUS):
+            following = self._tokens[self._index + 1] if self._index + 1 < len(self._tokens) else None
+            if following is None or following.token_type != TokenType.NUMBER:
+                return None
+            sign = -1 if token.token_type == TokenType.DASH else 1
+            self._advance()
+        elif token.token_type != TokenType.NUMBER:
+            return None
+        return sign * self._fetch_count()
+
+    def _direction(self) -> tuple[str, int | None]:
+        """FETCH / MOVE's direction and count (None: ALL), as PostgreSQL's grammar reads them."""
+        if self._match("NEXT"):
+            return "forward", 1
+        if self._match("PRIOR"):
+            return "backward", 1
+        if self._match("FIRST"):
+            return "absolute", 1
+        if self._match("LAST"):
+            return "absolute", -1
+        for word in ("ABSOLUTE", "RELATIVE"):
+            if self._match(word):
+                count = self._signed_count()
+                if count is None:
+                    self._error()
+                return word.lower(), count
+        for word in ("FORWARD", "BACKWARD"):
+            if self._match(word):
+                if self._match("ALL"):
+                    return word.lower(), None
+                count = self._signed_count()
+                return word.lower(), 1 if count is None else count
+        if self._match("ALL"):
+            return "forward", None
+        count = self._signed_count()
+        return "forward", 1 if count is None else count
+
+    def _parse_move(self) -> exp.Expr:
+        return self._parse_fetch(move=True)
+
+    def _parse_fetch(self, move: bool = False) -> exp.Expr:
+        direction, count = self._direction()
+        if direction in ("forward", "backward") and count is not None and count < 0:  # FETCH -2: backward 2
+            direction, count = "backward" if direction == "forward" else "forward", -count
         if not self._match("FROM"):
             self._match("IN")
         name = self._name()
@@ -268,7 +304,9 @@ class _Parser:
             token = self._advance()
             timeout = token.text
             self._close_paren()
-        return FetchCursor(this=name, count=count, timeout=timeout)
+        if move and timeout is not None:
+            self._error()
+        return FetchCursor(this=name, count=count, timeout=timeout, direction=direction, move=move)
 
     def _parse_close(self) -> exp.Expr:
         if self._match("ALL"):

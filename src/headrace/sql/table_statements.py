@@ -38,7 +38,16 @@ def is_drop_table(ast: exp.Expr) -> bool:
 
 
 def is_write(ast: exp.Expr) -> bool:
-    return isinstance(ast, (exp.Insert, exp.Update, exp.Delete))
+    return isinstance(ast, (exp.Insert, exp.Update, exp.Delete, exp.TruncateTable))
+
+
+def truncate_as_delete(ast: exp.TruncateTable) -> exp.Delete:
+    """TRUNCATE [TABLE] [ONLY] t [RESTART | CONTINUE IDENTITY] [CASCADE | RESTRICT] of a headrace table: a DELETE of
+    all its rows through its log, so views over it follow (a table has no identity column, nor foreign keys)."""
+    tables = ast.expressions
+    if len(tables) != 1 or not isinstance(tables[0], exp.Table):
+        raise FeatureNotSupported("TRUNCATE of several tables at once is not supported; truncate them one by one")
+    return exp.Delete(this=tables[0].copy())
 
 
 def table_name(table: exp.Expr) -> tuple[str, str]:
@@ -59,6 +68,13 @@ def table_from_create(item_id: str, ast: exp.Create, sql: str) -> Table:
     if ast.args.get("replace") or ast.args.get("properties") and any(
             isinstance(p, exp.TemporaryProperty) for p in ast.args["properties"].expressions):
         raise FeatureNotSupported("only plain CREATE TABLE is supported (no OR REPLACE, no TEMPORARY)")
+    properties = ast.args.get("properties")
+    if properties is not None and properties.expressions:
+        # PARTITION BY, INHERITS, WITH (storage options), UNLOGGED, TABLESPACE, USING: a table headrace's log
+        # cannot keep (PARTITION OF has no column list: refused above)
+        shown = " ".join(p.sql(dialect="postgres") for p in properties.expressions)
+        raise FeatureNotSupported(f"CREATE TABLE ... {shown} is not supported", hint="tables take columns, NOT NULL, "
+                                  "DEFAULT and PRIMARY KEY")
     schema, name = table_name(schema_node.this)
     columns: list[TableColumn] = []
     primary_key: tuple[str, ...] = ()
@@ -122,6 +138,11 @@ def _column(node: exp.ColumnDef) -> tuple[TableColumn, bool]:
     elif pg_type == "bpchar":
         max_length = 1  # char without a length is char(1)
     precision, scale = _numeric_shape(kind, name) if pg_type == "numeric" else (None, None)
+    if pg_type in ("timestamp", "timestamptz") and kind.expressions:  # timestamp(p): p fractional digits kept
+        precision = int(kind.expressions[0].name)
+        if not 0 <= precision <= 6:
+            raise HeadraceError(f"{pg_type.upper()}({precision}) precision must be between 0 and 6",
+                                sqlstate="22023")
     not_null, is_key, default = False, False, None
     for constraint in node.args.get("constraints") or []:
         inner = constraint.args.get("kind") if isinstance(constraint, exp.ColumnConstraint) else constraint
@@ -188,6 +209,8 @@ class WriteTarget:
 
 
 def write_target(ast: exp.Expr) -> WriteTarget:
+    if isinstance(ast, exp.TruncateTable):
+        ast = truncate_as_delete(ast)
     node = ast.this
     if isinstance(node, exp.Schema):  # INSERT INTO t (a, b)
         node = node.this
@@ -211,11 +234,20 @@ def insert_columns(ast: exp.Insert, table: Table) -> list[str]:
     return table.column_names()
 
 
-def refuse_unsupported(ast: exp.Expr) -> None:
+def other_relations(ast: exp.Expr) -> list[exp.Expr]:
+    """UPDATE ... FROM's and DELETE ... USING's relations (copies), joined to the target as PostgreSQL joins them."""
+    found = ast.args.get("from_") or ast.args.get("from")
+    items = [found.this] if isinstance(found, exp.From) else []
+    items += list(ast.args.get("using") or [])
+    return [item.copy() for item in items if isinstance(item, exp.Expr)]
+
+
+def refuse_unsupported(ast: exp.Expr, joins_allowed: bool = False) -> None:
+    """0A000 for what headrace's writes do not do; `joins_allowed`: UPDATE ... FROM / DELETE ... USING, which the
+    PostgreSQL serving store runs (coordinator/table_writes_postgres.py)."""
     if isinstance(ast, exp.Insert) and ast.args.get("overwrite"):
         raise FeatureNotSupported("INSERT OVERWRITE is not supported")
-    if isinstance(ast, (exp.Update, exp.Delete)) and (ast.args.get("from_") or ast.args.get("from")
-                                                       or ast.args.get("using")):
+    if isinstance(ast, (exp.Update, exp.Delete)) and not joins_allowed and other_relations(ast):
         raise FeatureNotSupported(f"{ast.key.upper()} ... FROM / USING is not supported yet; use a subquery in WHERE")
     if ast.args.get("with_") or ast.args.get("with"):
         raise FeatureNotSupported("WITH before INSERT / UPDATE / DELETE is not supported yet")
@@ -237,3 +269,48 @@ def returning_columns(ast: exp.Expr, table: Table) -> list[str] | None:
         else:
             raise FeatureNotSupported("RETURNING takes * or column names")
     return names
+
+
+def assignments(nodes: list[exp.Expr], clause: str) -> list[tuple[exp.Column, exp.Expr]]:
+    """A SET list as (column, expression) pairs, PostgreSQL's multiple-column items expanded: `(a, b) = (1, b + 1)`
+    and `(a, b) = ROW(...)` item by item, `(a, b) = (SELECT x, y ...)` as one scalar subquery per column over the
+    sub-SELECT (its columns renamed hr_c<i>), which PostgreSQL evaluates alike: 21000 for more than one row, NULLs
+    for none. `clause` names the clause in the 0A000 for anything else ("UPDATE ... SET")."""
+    pairs: list[tuple[exp.Column, exp.Expr]] = []
+    for node in nodes:
+        if isinstance(node, exp.EQ) and isinstance(node.this, exp.Column):
+            pairs.append((node.this, node.expression))
+            continue
+        if not (isinstance(node, exp.EQ) and isinstance(node.this, exp.Tuple)
+                and all(isinstance(c, exp.Column) for c in node.this.expressions)):
+            raise FeatureNotSupported(f"{clause} takes column = expression or (column, ...) = (expression, ...)")
+        columns = [c for c in node.this.expressions if isinstance(c, exp.Column)]
+        source = node.expression
+        if isinstance(source, exp.Anonymous) and source.name.upper() == "ROW":
+            source = exp.Tuple(expressions=[e.copy() for e in source.expressions])
+        if isinstance(source, exp.Paren) and len(columns) == 1:
+            source = exp.Tuple(expressions=[source.this.copy()])
+        if isinstance(source, exp.Tuple):
+            values = list(source.expressions)
+            if len(values) != len(columns) or any(isinstance(v, exp.Star) or isinstance(v, exp.Column) and
+                                                  isinstance(v.this, exp.Star) for v in values):
+                if any(isinstance(v, exp.Column) and isinstance(v.this, exp.Star) for v in values):
+                    raise FeatureNotSupported(f"{clause} (column, ...) = ROW(t.*) is not supported")
+                raise SyntaxError_("number of columns does not match number of values")
+            pairs.extend(zip(columns, values))
+            continue
+        if isinstance(source, exp.Subquery) and isinstance(source.this, exp.Query):
+            query = source.this
+            width = len(query.selects) if not any(isinstance(s, exp.Star) for s in query.selects) else None
+            if width is not None and width != len(columns):
+                raise SyntaxError_("number of columns does not match number of values")
+            names = [exp.to_identifier(f"hr_c{i}") for i in range(len(columns))]
+            for i, column in enumerate(columns):
+                derived = exp.Subquery(this=query.copy(), alias=exp.TableAlias(
+                    this=exp.to_identifier("hr_r"), columns=[n.copy() for n in names]))
+                pick = exp.select(exp.column(names[i].name, table="hr_r")).from_(derived)
+                pairs.append((column, exp.Subquery(this=pick)))
+            continue
+        raise HeadraceError("source for a multiple-column UPDATE item must be a sub-SELECT or ROW() expression",
+                            sqlstate="0A000")
+    return pairs

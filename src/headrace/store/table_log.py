@@ -139,7 +139,7 @@ def to_document(pg_type: str, value: Any, max_length: int | None = None, precisi
             return value.strip().lower() in _TRUE
         raise _bad(pg_type, value)
     if pg_type == "timestamptz":
-        return _micros(value)
+        return table_types.round_time(_micros(value), precision)
     if pg_type in ("json", "jsonb"):
         if isinstance(value, (bytes, bytearray, memoryview)):
             value = bytes(value).decode("utf-8")
@@ -216,6 +216,8 @@ def _integer(value: Any, name: str) -> int:
 
 
 def _micros(value: Any) -> int:
+    if isinstance(value, table_types.Exact):
+        return value.number
     if isinstance(value, str):
         from headrace.pgwire import types as pg
         from headrace.errors import HeadraceError

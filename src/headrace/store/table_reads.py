@@ -217,7 +217,11 @@ def row_values(table: Table, document: Document, names: Sequence[str]) -> tuple[
     for name in names:
         value, store_type = document.get(name), types[name]
         if value is not None and store_type == "TIMESTAMPTZ":
-            value = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(microseconds=value)
+            try:
+                value = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc) \
+                    + datetime.timedelta(microseconds=value)
+            except OverflowError:
+                raise table_types.beyond_python("timestamptz", value) from None
         elif value is not None and store_type == "BLOB":
             value = base64.b64decode(value)
         elif value is not None and store_type == "JSON":

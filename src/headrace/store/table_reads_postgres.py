@@ -22,8 +22,8 @@ HeadraceError with PostgreSQL's SQLSTATE, message, detail and hint."""
 from __future__ import annotations
 
 import base64
-import datetime
 import secrets
+import struct
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg.adapt import Loader
 from psycopg import sql
 
 from headrace.catalog.roles import make_scram_verifier
@@ -40,17 +41,58 @@ from headrace.store.backend import BackendError
 from headrace.store.postgres_roles import MIRROR_LOCK_KEY, TABLE_WRITES_ROLE, login_conninfo
 from headrace.store.postgres_serving import ConnectionPool, PostgresServingStore, column_type
 from headrace.store.serving import CHECKPOINTS_TABLE, INTERNAL_SCHEMA, PUBLIC_SCHEMA, qualified_name, quote_ident
+from headrace.store import table_types
 
 Key = tuple[Any, ...]
 Document = dict[str, Any]
 WRITE_ROLE = TABLE_WRITES_ROLE
 ASSIGN_TABLE = "hr_assign"  # the temporary table assigned values go through (pg_temp, dropped at rollback)
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-_EPOCH_NAIVE = datetime.datetime(1970, 1, 1)
-_EPOCH_DATE = datetime.date(1970, 1, 1)
 _write_pools: dict[str, ConnectionPool] = {}  # store conninfo -> the write role's connections, in this process
 _roles_lock = threading.Lock()
 _STARTUP_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c extra_float_digits=1"
+
+
+_EPOCH_2000_MICROS = 946_684_800_000_000  # PostgreSQL's binary timestamps count from 2000-01-01
+_EPOCH_2000_DAYS = 10_957
+
+
+class _TimeText(Loader):
+    """timestamp / timestamptz in PostgreSQL's ISO text (DateStyle ISO) as table_types.Exact microseconds."""
+
+    def load(self, data: Any) -> table_types.Exact:
+        return table_types.Exact(table_types.parse_time_text(bytes(data).decode()))
+
+
+class _DateText(Loader):
+    def load(self, data: Any) -> table_types.Exact:
+        return table_types.Exact(table_types.parse_time_text(bytes(data).decode(), days_only=True))
+
+
+class _TimeBinary(Loader):
+    format = psycopg.pq.Format.BINARY
+
+    def load(self, data: Any) -> table_types.Exact:
+        number = struct.unpack("!q", bytes(data))[0]
+        infinite = number in (table_types.TIME_INFINITY, table_types.TIME_MINUS_INFINITY)
+        return table_types.Exact(number if infinite else number + _EPOCH_2000_MICROS)
+
+
+class _DateBinary(Loader):
+    format = psycopg.pq.Format.BINARY
+
+    def load(self, data: Any) -> table_types.Exact:
+        number = struct.unpack("!i", bytes(data))[0]
+        infinite = number in (table_types.DATE_INFINITY, table_types.DATE_MINUS_INFINITY)
+        return table_types.Exact(number if infinite else number + _EPOCH_2000_DAYS)
+
+
+def exact_time_loaders(context: psycopg.Connection[Any] | psycopg.Cursor[Any]) -> None:
+    """Read timestamp, timestamptz and date as table_types.Exact (their document values), on `context`: any year
+    PostgreSQL holds (BC, beyond 9999) and +-infinity, which psycopg's datetime loaders refuse."""
+    for name, text, binary in (("timestamp", _TimeText, _TimeBinary), ("timestamptz", _TimeText, _TimeBinary),
+                               ("date", _DateText, _DateBinary)):
+        context.adapters.register_loader(name, text)
+        context.adapters.register_loader(name, binary)
 
 
 def storage_types(table: Table) -> dict[str, str]:
@@ -112,11 +154,11 @@ def input_text(pg_type: str, value: Any) -> str | None:
             return "Infinity" if value > 0 else "-Infinity"
         return repr(float(value))
     if pg_type == "timestamp with time zone":
-        return (_EPOCH + datetime.timedelta(microseconds=value)).isoformat()
+        return table_types.time_text(value, with_zone=True)
     if pg_type == "timestamp without time zone":
-        return (_EPOCH_NAIVE + datetime.timedelta(microseconds=value)).isoformat()
+        return table_types.time_text(value, with_zone=False)
     if pg_type == "date":
-        return (_EPOCH_DATE + datetime.timedelta(days=value)).isoformat()
+        return table_types.date_text(value)
     if pg_type == "interval":
         return f"{int(value)} microseconds"
     if pg_type == "jsonb":
@@ -155,6 +197,7 @@ def rows_for_keys(store: PostgresServingStore, table: Table, keys: Sequence[Key]
     relation, parameters = rows_relation(table, key_columns, keys, 1)
     names = ", ".join(quote_ident(c) for c in key_columns)
     with store.pool.connection() as conn, psycopg.RawCursor(conn) as cursor:
+        exact_time_loaders(cursor)
         cursor.execute(f"SELECT * FROM {storage} WHERE ({names}) IN (SELECT {names} FROM ({relation}) AS k)",
                        parameters)
         assert cursor.description is not None
@@ -306,6 +349,7 @@ def run_assigning_query(store: PostgresServingStore, query_sql: str, params: Seq
 def _fetch(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     try:
         with psycopg.RawCursor(conn) as cursor:
+            exact_time_loaders(cursor)
             # The extended protocol, where PostgreSQL parses exactly one statement: psycopg sends a query without
             # parameters as a simple Query, so one unused, typed parameter ($1, true) is added then.
             cursor.execute(sql, list(params) or [True])

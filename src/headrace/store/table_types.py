@@ -33,6 +33,45 @@ _WIDE = Context(prec=MAX_NUMERIC_PRECISION + 2)  # the default context's 28 digi
 _DECIMAL_TYPE = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)")
 
 
+# PostgreSQL's own encoding of 'infinity' / '-infinity' (DT_NOEND / DT_NOBEGIN, DATEVAL_NOEND / DATEVAL_NOBEGIN): the
+# extreme integers, so a document carries them as the number PostgreSQL stores, and they sort as PostgreSQL sorts.
+TIME_INFINITY, TIME_MINUS_INFINITY = (1 << 63) - 1, -(1 << 63)  # timestamp, timestamptz: microseconds
+DATE_INFINITY, DATE_MINUS_INFINITY = (1 << 31) - 1, -(1 << 31)  # date: days
+
+
+class Exact:
+    """A timestamp or timestamptz as microseconds since 1970-01-01 00:00 (UTC), or a date as days since 1970-01-01,
+    as PostgreSQL holds it: any year PostgreSQL takes (4713 BC .. 294276 AD), 'infinity' and '-infinity' as the
+    extreme integers. Read from PostgreSQL by store/table_reads_postgres.py's loaders, where Python's datetime
+    (years 1..9999, no infinity) cannot hold the value."""
+
+    __slots__ = ("number",)
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def __repr__(self) -> str:
+        return f"Exact({self.number})"
+
+
+def beyond_python(pg_type: str, value: int) -> Exception:
+    """The error for a value headrace must hand to pgwire as a Python date / datetime but cannot (RETURNING)."""
+    from headrace.errors import FeatureNotSupported
+
+    shown = date_text(value) if pg_type == "date" else time_text(value, with_zone=pg_type == "timestamptz")
+    return FeatureNotSupported(f"{pg_type} value {shown} cannot be returned here yet",
+                               hint="select it from the table instead")
+
+
+def infinity_text(pg_type: str, value: int) -> str | None:
+    """'infinity' / '-infinity' for a document value of a timestamp(tz) or date that is one, else None."""
+    if pg_type in ("timestamp", "timestamptz"):
+        return "infinity" if value == TIME_INFINITY else "-infinity" if value == TIME_MINUS_INFINITY else None
+    if pg_type == "date":
+        return "infinity" if value == DATE_INFINITY else "-infinity" if value == DATE_MINUS_INFINITY else None
+    return None
+
+
 class TypeValueError(Exception):
     """A value that does not fit its column: (sqlstate, message, detail)."""
 
@@ -71,7 +110,7 @@ def to_document(pg_type: str, value: Any, precision: int | None = None, scale: i
     if pg_type == "date":
         return _date_days(value)
     if pg_type == "timestamp":
-        return _timestamp_micros(value)
+        return round_time(_timestamp_micros(value), precision)
     if pg_type == "uuid":
         return _uuid_text(value)
     if pg_type == "interval":
@@ -122,6 +161,8 @@ def _decimal(value: Any) -> Decimal:
 
 
 def _date_days(value: Any) -> int:
+    if isinstance(value, Exact):
+        return value.number
     if isinstance(value, str):
         value = _parse("date", value)
     if isinstance(value, datetime.datetime):
@@ -132,6 +173,8 @@ def _date_days(value: Any) -> int:
 
 
 def _timestamp_micros(value: Any) -> int:
+    if isinstance(value, Exact):
+        return value.number
     if isinstance(value, str):
         value = _parse("timestamp", value)
     if isinstance(value, datetime.datetime):
@@ -142,6 +185,18 @@ def _timestamp_micros(value: Any) -> int:
     if isinstance(value, datetime.date):
         return (value - _EPOCH_DATE).days * 86_400_000_000
     raise _wrong_type("timestamp", value)
+
+
+def round_time(micros: int, precision: int | None) -> int:
+    """Microseconds rounded to timestamp(p)'s `precision` fractional digits, half away from zero, as PostgreSQL's
+    AdjustTimestampForTypmod rounds them (+-infinity untouched)."""
+    if precision is None or precision >= 6 or micros in (TIME_INFINITY, TIME_MINUS_INFINITY):
+        return micros
+    unit = 10 ** (6 - precision)
+    since_2000 = micros - _MICROS_2000  # PostgreSQL rounds its own value: microseconds since 2000-01-01
+    if since_2000 >= 0:
+        return (since_2000 + unit // 2) // unit * unit + _MICROS_2000
+    return -((-since_2000 + unit // 2) // unit * unit) + _MICROS_2000
 
 
 def _uuid_text(value: Any) -> str:
@@ -186,6 +241,88 @@ def _wrong_type(pg_type: str, value: Any) -> TypeValueError:
     return TypeValueError("42804", f"column is of type {pg_type} but expression is of type {type(value).__name__}")
 
 
+# ---------------------------------------------------------------------------------------------- PostgreSQL's text
+
+_MICROS_PER_DAY = 86_400_000_000
+_MICROS_2000 = 946_684_800_000_000  # 2000-01-01, PostgreSQL's epoch, since 1970-01-01
+_ISO_TIME = re.compile(r"(\d{4,})-(\d\d)-(\d\d)(?: (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?)?"
+                       r"(?:([+-])(\d\d)(?::(\d\d)(?::(\d\d))?)?)?( BC)?")
+
+
+def days_from_civil(year: int, month: int, day: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year: 1 BC is 0), any year."""
+    year -= month <= 2
+    era = year // 400
+    year_of_era = year - era * 400
+    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146097 + day_of_era - 719468
+
+
+def civil_from_days(days: int) -> tuple[int, int, int]:
+    """(astronomical year, month, day) of a day number since 1970-01-01."""
+    days += 719468
+    era = days // 146097
+    day_of_era = days - era * 146097
+    year_of_era = (day_of_era - day_of_era // 1460 + day_of_era // 36524 - day_of_era // 146096) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    month_index = (5 * day_of_year + 2) // 153
+    day = day_of_year - (153 * month_index + 2) // 5 + 1
+    month = month_index + (3 if month_index < 10 else -9)
+    return year_of_era + era * 400 + (month <= 2), month, day
+
+
+def _year_text(year: int) -> tuple[str, str]:
+    return (f"{year:04d}", "") if year > 0 else (f"{1 - year:04d}", " BC")
+
+
+def date_text(days: int) -> str:
+    """A date's document value in PostgreSQL's ISO input syntax (BC and 'infinity' included)."""
+    infinite = infinity_text("date", days)
+    if infinite is not None:
+        return infinite
+    year, month, day = civil_from_days(days)
+    year_text, era = _year_text(year)
+    return f"{year_text}-{month:02d}-{day:02d}{era}"
+
+
+def time_text(micros: int, with_zone: bool) -> str:
+    """A timestamp's (with_zone: timestamptz's, in UTC) document value in PostgreSQL's ISO input syntax."""
+    infinite = infinity_text("timestamp", micros)
+    if infinite is not None:
+        return infinite
+    days, rest = divmod(micros, _MICROS_PER_DAY)
+    year, month, day = civil_from_days(days)
+    seconds, fraction = divmod(rest, 1_000_000)
+    year_text, era = _year_text(year)
+    text = f"{year_text}-{month:02d}-{day:02d} {seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    return f"{text}{f'.{fraction:06d}'.rstrip('0') if fraction else ''}{'+00' if with_zone else ''}{era}"
+
+
+def parse_time_text(text: str, days_only: bool = False) -> int:
+    """PostgreSQL's ISO output of a timestamp, timestamptz (any offset) or date (`days_only`) as its document value:
+    microseconds (days) since 1970-01-01 UTC; 'infinity' / '-infinity' as the extreme integers."""
+    if text in ("infinity", "-infinity"):
+        if days_only:
+            return DATE_INFINITY if text == "infinity" else DATE_MINUS_INFINITY
+        return TIME_INFINITY if text == "infinity" else TIME_MINUS_INFINITY
+    match = _ISO_TIME.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not PostgreSQL's ISO date/time output: {text!r}")
+    (year, month, day, hours, minutes, seconds, fraction, sign, zone_hours, zone_minutes, zone_seconds,
+     era) = match.groups()
+    astronomical = 1 - int(year) if era else int(year)
+    days = days_from_civil(astronomical, int(month), int(day))
+    if days_only:
+        return days
+    micros = days * _MICROS_PER_DAY + (int(hours or 0) * 3600 + int(minutes or 0) * 60 + int(seconds or 0)) \
+        * 1_000_000 + int((fraction or "0").ljust(6, "0"))
+    if sign:
+        offset = int(zone_hours) * 3600 + int(zone_minutes or 0) * 60 + int(zone_seconds or 0)
+        micros -= (offset if sign == "+" else -offset) * 1_000_000
+    return micros
+
+
 # ---------------------------------------------------------------------------------------------- output
 
 def from_store(pg_type: str, value: Any) -> Any:
@@ -203,10 +340,13 @@ def to_python(pg_type: str, value: Any) -> Any:
         return None
     if pg_type == "numeric":
         return Decimal(value)
-    if pg_type == "date":
-        return _EPOCH_DATE + datetime.timedelta(days=value)
-    if pg_type == "timestamp":
-        return _EPOCH + datetime.timedelta(microseconds=value)
+    if pg_type in ("date", "timestamp"):
+        try:
+            if pg_type == "date":
+                return _EPOCH_DATE + datetime.timedelta(days=value)
+            return _EPOCH + datetime.timedelta(microseconds=value)
+        except OverflowError:  # BC, year 10000 on, +-infinity: PostgreSQL holds them, Python's datetime does not
+            raise beyond_python(pg_type, value) from None
     if pg_type == "uuid":
         return uuid.UUID(value)
     if pg_type == "interval":

@@ -201,6 +201,11 @@ class _Staged:
 
     def tables(self, kind: str, with_document: bool) -> pa.Table | None:
         tables = [t for k, d, t in self.parts if k == kind and d == with_document]
+        if len(tables) > 1 and any(t.schema != tables[0].schema for t in tables):
+            # a timestamp column staged as text in some parts (it held +-infinity: postgres_sql._with_infinities)
+            text = {f.name for t in tables for f in t.schema if pa.types.is_string(f.type)}
+            tables = [t.cast(pa.schema([pa.field(f.name, pa.string()) if f.name in text else f for f in t.schema]))
+                      for t in tables]
         return (pa.concat_tables(tables) if len(tables) > 1 else tables[0]) if tables else None
 
 

@@ -127,11 +127,15 @@ def staged_from_values(col: Column, values: Sequence[Any]) -> pa.Array:
         if col.type == "HUGEINT" or col.type.startswith("DECIMAL("):
             return pa.array([v if v is None or type(v) is str else str(v) for v in values], pa.string())
         if col.type in _TIMES:
-            return pa.array(values, pa.int64()).cast(_TIMES[col.type])
+            micros = pa.array(values, pa.int64())
+            infinite = _with_infinities(micros, col.type)
+            return micros.cast(_TIMES[col.type]) if infinite is None else infinite
         if col.type == "INTERVAL":
             return _interval_text(pa.array(values, pa.int64()))
         if col.type == "DATE" and any(type(v) is int for v in values):  # days since the epoch, leniently
-            return pa.array(values, pa.int32()).cast(pa.date32()).cast(pa.string())
+            days = pa.array(values, pa.int32())
+            infinite = _with_infinities(days, col.type)
+            return days.cast(pa.date32()).cast(pa.string()) if infinite is None else infinite
         return pa.array(values, staged_type(col))
     except _CONVERSION_ERRORS as exc:
         raise _data_error(col, f"these values: {exc}") from exc
@@ -145,10 +149,18 @@ def staged_from_arrow(col: Column, values: pa.Array | pa.ChunkedArray) -> pa.Arr
             values, kind = values.cast(kind.value_type), kind.value_type
         if col.type in _TIMES:
             if pa.types.is_integer(kind):
-                return values.cast(pa.int64()).cast(_TIMES[col.type])
+                infinite = _with_infinities(values.cast(pa.int64()), col.type)
+                return values.cast(pa.int64()).cast(_TIMES[col.type]) if infinite is None else infinite
+            if kind == pa.timestamp("us") or kind == pa.timestamp("us", "UTC"):
+                infinite = _with_infinities(values.cast(pa.int64()), col.type)
+                if infinite is not None:
+                    return infinite
             return values.cast(_TIMES[col.type], safe=False)  # nanoseconds: PostgreSQL keeps microseconds anyway
         if col.type == "DATE":
             if pa.types.is_integer(kind):
+                infinite = _with_infinities(values.cast(pa.int32()), col.type)
+                if infinite is not None:
+                    return infinite
                 values = values.cast(pa.int32()).cast(pa.date32())
             return values.cast(pa.string())
         if col.type == "INTERVAL":
@@ -163,6 +175,26 @@ def staged_from_arrow(col: Column, values: pa.Array | pa.ChunkedArray) -> pa.Arr
         return values.cast(staged_type(col))
     except _CONVERSION_ERRORS as exc:
         raise _data_error(col, f"a {kind} column: {exc}") from exc
+
+
+# The documents' range that Arrow prints as PostgreSQL reads it (years 1 to 9999, as microseconds / days since 1970);
+# beyond it (BC, year 10000 on, +-infinity: store/table_types.py) a value is printed by headrace.
+_ISO_RANGE = {"TIMESTAMP": (-62_135_596_800_000_000, 253_402_300_799_999_999),
+              "TIMESTAMPTZ": (-62_135_596_800_000_000, 253_402_300_799_999_999), "DATE": (-719_162, 2_932_896)}
+
+
+def _with_infinities(numbers: pa.Array | pa.ChunkedArray, type_name: str) -> pa.Array | pa.ChunkedArray | None:
+    """Integer microseconds (days for DATE) as PostgreSQL's input text when some lie beyond years 1..9999 (BC,
+    10000 on, 'infinity', '-infinity'); None when none does (the common case: staged as Arrow timestamps)."""
+    import pyarrow.compute as pc
+
+    from headrace.store.table_types import date_text, time_text
+
+    low, high = _ISO_RANGE[type_name]
+    if not pc.any(pc.or_(pc.less(numbers, low), pc.greater(numbers, high))).as_py():
+        return None
+    text = date_text if type_name == "DATE" else (lambda value: time_text(value, with_zone=False))
+    return pa.array([None if value is None else text(value) for value in numbers.to_pylist()], pa.string())
 
 
 def _interval_text(micros: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
@@ -200,6 +232,21 @@ def _epoch_us(expr: str) -> str:
     return f"(extract(epoch from {expr}) * 1000000)::bigint"
 
 
+_INFINITIES = {"TIMESTAMP": ((1 << 63) - 1, -(1 << 63)), "DATE": ((1 << 31) - 1, -(1 << 31))}
+
+
+def _time_us(expr: str) -> str:
+    """A timestamp(tz) as integer microseconds, +-infinity as the extreme integers the documents carry."""
+    high, low = _INFINITIES["TIMESTAMP"]
+    return f"CASE WHEN {expr} = 'infinity' THEN {high} WHEN {expr} = '-infinity' THEN {low} ELSE {_epoch_us(expr)} END"
+
+
+def _date_days(expr: str) -> str:
+    high, low = _INFINITIES["DATE"]
+    return (f"CASE WHEN {expr} = 'infinity' THEN {high} WHEN {expr} = '-infinity' THEN {low} "
+            f"ELSE ({expr} - date '1970-01-01') END")
+
+
 def _from_hex(values: pa.ChunkedArray) -> pa.Array:
     return pa.array([None if v is None else bytes.fromhex(v) for v in values.to_pylist()], pa.binary())
 
@@ -208,11 +255,11 @@ def columnar_read(col: Column, expr: str) -> Read:
     """LoadedColumns' conventions: JSON as text, TIMESTAMPTZ as int64 microseconds, BLOB as binary, the others as
     DuckDB's own Arrow types (so a loaded row can be stored back as it is)."""
     if col.type == "TIMESTAMPTZ":
-        return Read(_epoch_us(expr), pa.int64())
+        return Read(_time_us(expr), pa.int64())
     if col.type == "TIMESTAMP":
-        return Read(_epoch_us(expr), pa.int64(), lambda a: a.cast(pa.timestamp("us")))
+        return Read(_time_us(expr), pa.int64(), lambda a: a.cast(pa.timestamp("us")))
     if col.type == "DATE":
-        return Read(f"({expr} - date '1970-01-01')", pa.int32(), lambda a: a.cast(pa.date32()))
+        return Read(_date_days(expr), pa.int32(), lambda a: a.cast(pa.date32()))
     if col.type == "INTERVAL":
         return Read(_epoch_us(expr), pa.int64(), lambda a: a.cast(pa.duration("us")))
     if col.type == "BLOB":
@@ -233,10 +280,12 @@ def document_expr(col: Column, expr: str, hugeint_as_text: bool = False) -> str:
     """A JSON value expression of the column in the documents' conventions (shared contract). json_build_object
     keeps float8's own shortest text (jsonb would turn 1e300 into 301 digits); HUGEINT as text reads back exactly
     (orjson would turn an integer beyond 64 bits into a float)."""
-    if col.type in _TIMES or col.type == "INTERVAL":
+    if col.type in _TIMES:
+        return _time_us(expr)
+    if col.type == "INTERVAL":
         return _epoch_us(expr)
     if col.type == "DATE":
-        return f"to_char({expr}, 'YYYY-MM-DD')"
+        return f"CASE WHEN isfinite({expr}) THEN to_char({expr}, 'YYYY-MM-DD') ELSE {expr}::text END"
     if col.type == "BLOB":  # PostgreSQL's base64 breaks lines every 76 characters
         return f"translate(encode({expr}, 'base64'), E'\\n', '')"
     if col.type == "UUID" or col.type.startswith("DECIMAL(") or (hugeint_as_text and col.type == "HUGEINT"):

@@ -32,3 +32,19 @@ def test_a_temporary_table_shadows_headraces(adapter: AdapterClient) -> None:  #
             await run(session, "SELECT * FROM pg_temp.shadowed")
         assert gone.value.sqlstate == "42P01"
     drive(adapter, body)
+
+
+def test_a_statement_known_before_the_temporary_table_reads_it_after(adapter: AdapterClient) -> None:  # noqa: F811
+    """The plan cache, the fast path's shapes and the store's routes remember statements by text: once the session
+    may hold temporary relations, none of them may answer for a name a temporary relation now shadows."""
+    async def body(session: SessionClient) -> None:
+        await run(session, "CREATE TABLE known_first (k int PRIMARY KEY, f1 float8)")
+        await run(session, "CREATE INDEX known_first_k ON known_first (k)")
+        for _ in range(2):  # planned, then from the plan cache / the index's shape
+            assert await rows(session, "SELECT f1 FROM known_first WHERE k = 1") == []
+            assert await rows(session, "SELECT count(*) FROM known_first") in ([(0,)], [(b"0",)])
+        await run(session, "CREATE TEMP TABLE known_first (k int, f1 float8)")
+        await run(session, "INSERT INTO known_first VALUES (1, 2.5)")
+        assert await rows(session, "SELECT f1 FROM known_first WHERE k = 1") == [(b"2.5",)]
+        assert await rows(session, "SELECT count(*) FROM known_first") == [(b"1",)]
+    drive(adapter, body)

@@ -101,6 +101,8 @@ class SessionClient:
             return self._session.statements.get(name)
         if name and name in self._session.statements:
             return None  # the general path says 42P05
+        if not self._coordinator.shortcuts_allowed(self._session):
+            return None
         return self._coordinator.prepare_cached(sql, param_types, copy=False)
 
     def answer_now(self, statement: PreparedStatement, params: Sequence[object]) -> list[tuple[object, ...]] | None:

@@ -51,6 +51,7 @@ from headrace.coordinator.passthrough import (
     takes_unparsed,
 )
 from headrace.coordinator.store_grants import StoreGrants
+from headrace.coordinator.temp_relations import refuse_mixed_with_temporary
 from headrace.coordinator.subscribe import Subscriptions
 from headrace.coordinator.fast_path import FastPath, FastStatement
 from headrace.coordinator import indexes as index_ddl
@@ -72,9 +73,7 @@ from headrace.errors import (
 from headrace.sql.ast import CopyStatement, GrantPrivileges, SavepointStatement, ShowObjects, SubscribeStatement
 from headrace.sql.limits import off_loop
 from headrace.sql.parser import parse_client_statement, parse_statement
-from headrace.coordinator.temp_relations import shadowed_names
-from headrace.sql.table_statements import (is_create_table, is_drop_table, is_write, table_from_create,
-                                           truncate_as_delete, write_target)
+from headrace.sql.table_statements import is_create_table, is_drop_table, is_write, table_from_create, write_target
 from headrace.sql.select import is_query, plan_select, refuse_store_only_functions
 from headrace.sql.types import TEXT_OID
 from headrace.store.postgres_server import PostgresStore
@@ -160,11 +159,13 @@ class Coordinator:
         if not sql.strip().strip(";").strip():
             return PreparedStatement(sql=sql, ast=None, description=StatementDescription((), None))
         fingerprint = self.plan_cache.fingerprint()
-        cached = self.prepare_cached(sql, param_types, fingerprint)
+        shortcuts = self.shortcuts_allowed(session)
+        cached = self.prepare_cached(sql, param_types, fingerprint) if shortcuts else None
         if cached is not None:
             return cached
         parsed_off_loop = ast is not None
-        known_reads = None if self.passthrough is None else self.passthrough.routes.store_reads(fingerprint, sql)
+        known_reads = None if self.passthrough is None or not shortcuts \
+            else self.passthrough.routes.store_reads(fingerprint, sql)
         if known_reads is not None:
             # a statement of this shape went to the store before: no parse, no planning (coordinator/passthrough.py);
             # headrace's relations it reads are checked at execute, as the first time
@@ -250,6 +251,11 @@ class Coordinator:
                                                                     await self.subscriptions.describe(ast)))
         return PreparedStatement(sql, ast, StatementDescription(tuple(param_types), self._static_columns(ast)))
 
+    def shortcuts_allowed(self, session: Session) -> bool:
+        """Whether a statement may be taken by its text or shape (prepare_cached): not while temporary relations of
+        the session's store backend may shadow headrace's (coordinator/temp_relations.py)."""
+        return self.passthrough is None or not self.passthrough.may_shadow(session)
+
     def prepare_cached(self, sql: str, param_types: Sequence[int], fingerprint: Any = None, *,
                        copy: bool = True) -> PreparedStatement | None:
         """The statement from the plan cache (coordinator/plan_cache.py) or as a known index lookup shape with
@@ -310,25 +316,9 @@ class Coordinator:
                 or view_ddl.handles(ast) or is_source_ddl(ast) or sink_ddl.handles(ast):
             return frozenset()
         shadowed = await self.passthrough.temporary_names(session, ast)
-        if shadowed and not self.serving_on_postgres and any(
-                schema is not None or name.lower() not in shadowed for schema, name in self._headrace_relations_read(ast)):
-            raise HeadraceError(  # headrace's relations are not in the store: not one statement
-                f'relation "{sorted(shadowed)[0]}" is a temporary relation of the store PostgreSQL and cannot be used '
-                "together with headrace's sources, tables and views yet", sqlstate="0A000",
-                hint="query it on its own (docs/store.md)")
-        if shadowed and is_write(ast):
-            try:
-                target = write_target(ast)
-            except HeadraceError:
-                return shadowed
-            written = shadowed_names(truncate_as_delete(ast) if isinstance(ast, exp.TruncateTable) else ast.this,
-                                     shadowed)  # the target, if it is a temporary one (unqualified)
-            if not written and self._relation_named(target.schema or "public", target.name):
-                # a write to headrace's table that reads the session's temporary relation: not one statement yet
-                raise HeadraceError(
-                    f'relation "{sorted(shadowed)[0]}" is a temporary relation of the store PostgreSQL and cannot be '
-                    "used together with headrace's tables in a write yet", sqlstate="0A000",
-                    hint="read it into the table with a separate statement, or qualify the name with its schema")
+        if shadowed:
+            refuse_mixed_with_temporary(ast, shadowed, self._headrace_relations_read(ast), self.serving_on_postgres,
+                                        self._relation_named)
         return shadowed
 
     def _store_answers(self, ast: exp.Expr) -> bool:

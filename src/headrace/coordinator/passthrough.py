@@ -312,6 +312,12 @@ class Passthrough:
                 "headrace's sources, tables and views yet", sqlstate="0A000",
                 hint="query it on its own, or create the table so that headrace keeps it (docs/store.md)")
 
+    def may_shadow(self, session: Session) -> bool:
+        """Whether the session's backend may hold temporary relations, which could shadow headrace's: its statements
+        are then routed afresh, never by a shape remembered without them (plan cache, fast path, StoreRoutes)."""
+        backend = self._backends.get(session.connection_id)
+        return backend is not None and backend.temporary.possible and backend.temporary.names != frozenset()
+
     async def temporary_names(self, session: Session, ast: exp.Expr) -> frozenset[str]:
         """The names `ast` uses that are the session's temporary relations on its backend (which PostgreSQL
         resolves before headrace's relations of the same name); empty without a backend."""

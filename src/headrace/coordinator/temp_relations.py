@@ -13,11 +13,13 @@ create one."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sqlglot import exp
 
 from headrace.errors import HeadraceError
+from headrace.sql.table_statements import is_write, truncate_as_delete, write_target
 
 _TEMPORARY_WORDS = re.compile(r"\btemp(orary)?\b|\bpg_temp", re.IGNORECASE)
 _NAMES_SQL = "SELECT relname FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.pg_my_temp_schema()"
@@ -69,3 +71,30 @@ def shadowed_names(ast: exp.Expr, temporary: frozenset[str]) -> frozenset[str]:
 
 
 __all__ = ["TemporaryRelations", "shadowed_names"]
+
+
+def refuse_mixed_with_temporary(ast: exp.Expr, shadowed: frozenset[str], headrace_reads: Iterable[tuple[str | None, str]],
+                                serving_on_postgres: bool, relation_named: Callable[[str, str], bool]) -> None:
+    """0A000 for a statement naming the session's temporary relations (`shadowed`) that cannot run on the store
+    whole: with the DuckDB serving store, one that also reads headrace's relations (not in the store); with either,
+    a write to one of headrace's tables (its writes go through headrace's log) reading a temporary relation."""
+    if not serving_on_postgres and any(schema is not None or name.lower() not in shadowed
+                                       for schema, name in headrace_reads):
+        raise HeadraceError(  # headrace's relations are not in the store: not one statement
+            f'relation "{sorted(shadowed)[0]}" is a temporary relation of the store PostgreSQL and cannot be used '
+            "together with headrace's sources, tables and views yet", sqlstate="0A000",
+            hint="query it on its own (docs/store.md)")
+    if not is_write(ast):
+        return
+    try:
+        target = write_target(ast)
+    except HeadraceError:
+        return
+    written = shadowed_names(truncate_as_delete(ast) if isinstance(ast, exp.TruncateTable) else ast.this,
+                             shadowed)  # the target, if it is a temporary one (unqualified)
+    if not written and relation_named(target.schema or "public", target.name):
+        # a write to headrace's table that reads the session's temporary relation: not one statement yet
+        raise HeadraceError(
+            f'relation "{sorted(shadowed)[0]}" is a temporary relation of the store PostgreSQL and cannot be '
+            "used together with headrace's tables in a write yet", sqlstate="0A000",
+            hint="read it into the table with a separate statement, or qualify the name with its schema")

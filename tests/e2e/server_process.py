@@ -4,12 +4,7 @@ means to kill -9 every process it started (server, pipeline, JVM share one proce
 Its store PostgreSQL is, unless the test asks for the embedded default (`embedded_store=True`), a fresh database in
 the test process's shared cluster (tests/real_servers/postgres.py), passed as `--store`: an initdb per server would
 cost each test seconds. The embedded store's postmaster is not in the process group (pg_ctl detaches it), so a
-kill -9 leaves it running, as in production; `stop()` stops one left behind.
-
-Spark's JVMs (the launcher and the pipeline's driver) run with TEST_JVM_OPTIONS: the client compiler only and the
-serial collector, which start a JVM with a third less CPU (measured: 33 s of CPU from `headrace up` to a view's first
-row, 20-23 s with them), and a test's JVM lives for seconds to minutes. Neither changes what Spark computes, only
-how fast; HEADRACE_TEST_JVM_OPTIONS="" runs the JVM's defaults, as `headrace up` does for users."""
+kill -9 leaves it running, as in production; `stop()` stops one left behind."""
 
 from __future__ import annotations
 
@@ -29,17 +24,6 @@ from tests.real_servers.postgres import new_store_database
 
 
 UP_BANNER = "headrace is up"
-TEST_JVM_OPTIONS = os.environ.get("HEADRACE_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-
-
-def server_environment(env: Mapping[str, str] | None) -> dict[str, str]:
-    """The test's environment, `env` and TEST_JVM_OPTIONS (after any JAVA_TOOL_OPTIONS of the environment's)."""
-    environment = {**os.environ, **(env or {})}
-    if TEST_JVM_OPTIONS:
-        environment["JAVA_TOOL_OPTIONS"] = " ".join(filter(None, (environment.get("JAVA_TOOL_OPTIONS"),
-                                                                  TEST_JVM_OPTIONS)))
-    return environment
-
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -93,7 +77,7 @@ class HeadraceProcess:
              "--pg-port", str(self.pg_port), "--http-port", str(self.http_port), "--spark-master", "local[2]",
              *store_args, *self.extra_args],
             stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            env=server_environment(env),
+            env={**os.environ, **env} if env else None,
         )
         output.close()
         deadline = time.monotonic() + timeout

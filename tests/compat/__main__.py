@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [name.strip() for name in args.files.split(",") if name.strip()]
     started = time.monotonic()
     regress = regress_dir()
+    CACHE.mkdir(exist_ok=True)  # the regression files may come from the machine's cache
     with tempfile.TemporaryDirectory(prefix="compat-", dir=CACHE) as workdir:
         settings = SESSION_SETTINGS if args.settings == "regress" else DEFAULT_SETTINGS
         with running_servers(Path(workdir), settings) as servers:

@@ -25,7 +25,6 @@ from tests.real_servers.postgres import new_store_database
 
 UP_BANNER = "headrace is up"
 
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -108,7 +107,8 @@ class HeadraceProcess:
         return path.read_text(errors="replace")[-5000:] if path.exists() else ""
 
     def kill9(self) -> None:
-        """kill -9 every process of this server: the server, its pipeline and Spark's JVM."""
+        """kill -9 every process of this server: the server, its pipeline and Spark's JVM; returns once each of
+        them has exited (holds no file, lock or port any more)."""
         assert self.process is not None
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
@@ -116,12 +116,8 @@ class HeadraceProcess:
             pass  # the whole group is gone already (a fail point kills its own process group)
         self.process.wait()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.process.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
+        while time.monotonic() < deadline and live_group_members(self.process.pid):
+            time.sleep(0.05)
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -147,6 +143,25 @@ class HeadraceProcess:
         """An embedded store's postmaster outlives a kill -9 of headrace: stop it (immediately)."""
         if self.embedded_store and postmaster_pid(self.store_datadir) is not None:
             pg_ctl_stop(find_bindir(), self.store_datadir, account=server_account(), mode="immediate")
+
+
+def live_group_members(process_group: int) -> list[int]:
+    """The processes of `process_group` that have not exited yet. A zombie has (its files, locks, sockets and memory
+    are released when its last thread exits): only its process table entry is left until its parent reaps it, and
+    the pipeline's and the JVM's parent after a kill -9 is PID 1, which on these machines reaps a second or two
+    later; waiting for that cost each kill -9 ~2 s."""
+    live = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, _, group = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[:3]
+            exited = state in ("Z", "X") and len(os.listdir(f"/proc/{entry.name}/task")) <= 1  # no thread left
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if int(group) == process_group and not exited:
+            live.append(int(entry.name))
+    return live
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2, message: str = "condition") -> object:  # type: ignore[no-untyped-def]

@@ -299,7 +299,8 @@ def test_an_edited_catalog_cannot_bypass_the_allow_lists(tmp_path: Path) -> None
             conn.execute("CREATE TABLE kept (id int PRIMARY KEY)")
             conn.execute("INSERT INTO kept VALUES (1), (2)")
             conn.execute("CREATE ROLE carol LOGIN")
-            wait_for(lambda: _readable(conn, "SELECT 1 FROM kept"), 300, message="the table is applied")
+            # No wait for the pipeline to apply the rows: acknowledged, they are in the table's log, which the
+            # restart applies (the count below), and this server's Spark start would only cost time.
     finally:
         process.stop()
     catalog_path = tmp_path / "data" / "catalog.json"

@@ -520,3 +520,28 @@ async def _joins_truncate_and_multiple_column_set(tables: Tables, store: Postgre
     assert await run(tables, "TRUNCATE u") == CommandComplete("TRUNCATE TABLE")
     apply(store, tables, table_of(tables, "u"))
     assert query(store, "SELECT count(*) FROM public.u") == [(0,)]
+
+
+def test_the_write_role_reads_headraces_relations_only(store: PostgresServingStore) -> None:
+    """A table a user made in public (the store's own, owned by that user) is not readable by the role write
+    queries run as: a write could otherwise copy it into a headrace table by a name headrace does not see."""
+    from headrace.store.table_reads_postgres import WRITE_ROLE, close_write_pool, ensure_write_role
+
+    with store.pool.connection() as conn:
+        for role in ("hr_test_table_owner", WRITE_ROLE):  # roles are the cluster's: maybe made by another test
+            conn.execute(f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') "
+                         f"THEN CREATE ROLE {role}; END IF; END $$")
+        conn.execute("CREATE TABLE public.users_own (secret text)")
+        conn.execute("ALTER TABLE public.users_own OWNER TO hr_test_table_owner")
+        conn.execute(f"GRANT SELECT ON public.users_own TO {WRITE_ROLE}")  # as an earlier version granted
+        conn.execute("CREATE TABLE headrace_internal.headraces_own (k int)")
+        conn.commit()
+    ensure_write_role(store)
+    try:
+        with store.pool.connection() as conn:
+            allowed = conn.execute(
+                "SELECT has_table_privilege(%s, 'public.users_own', 'SELECT'), "
+                "has_table_privilege(%s, 'headrace_internal.headraces_own', 'SELECT')", [WRITE_ROLE, WRITE_ROLE]).fetchone()
+        assert allowed == (False, True)
+    finally:
+        close_write_pool(store)

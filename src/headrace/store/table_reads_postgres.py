@@ -121,7 +121,20 @@ def ensure_write_role(store: PostgresServingStore) -> ConnectionPool:
             schemas = f"{quote_ident(PUBLIC_SCHEMA)}, {quote_ident(INTERNAL_SCHEMA)}"
             conn.execute(f"GRANT CONNECT, TEMPORARY ON DATABASE {quote_ident(str(database[0]))} TO {WRITE_ROLE}")
             conn.execute(f"GRANT USAGE ON SCHEMA {schemas} TO {WRITE_ROLE}")
-            conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {schemas} TO {WRITE_ROLE}")
+            # headrace's relations only (the admin's): never a table a user created in public, which a write query
+            # could otherwise read by a name headrace does not see (a function taking a query's text)
+            relations = conn.execute(
+                "SELECT format('%%I.%%I', n.nspname, c.relname), c.relowner = r.oid FROM pg_catalog.pg_class c "
+                "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                "JOIN pg_catalog.pg_roles r ON r.rolname = current_user "
+                "WHERE n.nspname IN (%s, %s) AND c.relkind IN ('r', 'v', 'm', 'p', 'f')",
+                [PUBLIC_SCHEMA, INTERNAL_SCHEMA]).fetchall()
+            headraces = [str(name) for name, owned in relations if owned]
+            others = [str(name) for name, owned in relations if not owned]
+            if headraces:
+                conn.execute(f"GRANT SELECT ON {', '.join(headraces)} TO {WRITE_ROLE}")
+            if others:  # what an earlier version granted on everything in the schemas
+                conn.execute(f"REVOKE SELECT ON {', '.join(others)} FROM {WRITE_ROLE}")
             conn.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA {schemas} GRANT SELECT ON TABLES TO {WRITE_ROLE}")
             conn.commit()
         # the pool's session settings as startup options, so DISCARD ALL after each use returns to them

@@ -35,7 +35,7 @@ from headrace.materialize.protocol import (
     PROTOCOL_VERSION, Acknowledged, Applied, Apply, Binding, FencedOff, FieldConstraint, Load, LoadColumns, Loaded,
     LoadedColumns, MaterializationError, Open, Opened, Spec, SpecResponse, StartedCommit, Store, StoreColumns,
     Validate, Validated, ValidatedBinding, field_constraint)
-from headrace.store.quarantine import ensure_quarantine_table, quarantine_entries, record_quarantined, refused_rows
+from headrace.store.quarantine import quarantine_entries, record_quarantined, refused_rows
 from headrace.store.table_types import arrow_type as exact_arrow_type
 from headrace.store.table_types import document_select_sql, is_exact_store_type
 from headrace.store.table_types import to_arrow as exact_to_arrow
@@ -305,7 +305,6 @@ class ServingTransactor:
         self._name = open.spec.name
         self._key_range = (open.key_begin, open.key_end)
         self._cursor = cursor = self._store.cursor()
-        ensure_quarantine_table(cursor)  # where record_quarantined writes (DDL kept out of the commits)
         cursor.begin()
         try:
             checkpoint = self._fence_off_others(cursor)

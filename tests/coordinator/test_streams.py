@@ -50,7 +50,8 @@ class StreamRunner:
     async def prepare(self, *args: Any) -> PreparedStatement:
         raise AssertionError("not used")
 
-    async def execute(self, session: Session, portal: Any, max_rows: int, cancel: asyncio.Event) -> Subscribing:
+    async def execute(self, session: Session, portal: Any, max_rows: int, cancel: asyncio.Event,
+                      stream: bool = False) -> Subscribing:
         return self.stream.subscribing()
 
 

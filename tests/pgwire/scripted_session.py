@@ -157,7 +157,8 @@ class ScriptedSession:
     def describe_portal(self, portal: str) -> tuple[Column, ...] | None:
         return self._portal(portal).columns
 
-    async def execute(self, portal: str, max_rows: int, cancel: asyncio.Event) -> ExecuteResponse:
+    async def execute(self, portal: str, max_rows: int, cancel: asyncio.Event, *,
+                      stream: bool = False) -> ExecuteResponse:
         self.calls.append(f"execute {portal!r} {max_rows}")
         state = self._portal(portal)
         if state.sleeps:

@@ -187,7 +187,7 @@ async def test_internal_errors_become_xx000_and_the_connection_survives(monkeypa
     client = Client()
     session = await client.start()
 
-    async def broken_execute(*_: object) -> None:
+    async def broken_execute(*_: object, **__: object) -> None:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(session, "execute", broken_execute)

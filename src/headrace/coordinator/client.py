@@ -134,15 +134,17 @@ class SessionClient:
     def describe_portal(self, portal: str) -> tuple[Column, ...] | None:
         return portal_columns(self._session.get_portal(portal))
 
-    async def execute(self, portal: str, max_rows: int, cancel: asyncio.Event) -> ExecuteResponse:
+    async def execute(self, portal: str, max_rows: int, cancel: asyncio.Event, *,
+                      stream: bool = False) -> ExecuteResponse:
         """Run a portal. Never returns Fetch: a FETCH's inner execute (of its cursor) runs here,
-        and its rows come back tagged FETCH (seed 004's outer and inner execute)."""
+        and its rows come back tagged FETCH (seed 004's outer and inner execute). `stream`: the caller
+        takes a large result in pieces (SendingRows.more: execute the portal again for the next)."""
         found = self._session.get_portal(portal)
         self._cancel = cancel
         streaming = False
         try:
             with self._possession(), io_faults_as_errors():
-                response = await self._coordinator.execute(self._session, found, max_rows, cancel)
+                response = await self._coordinator.execute(self._session, found, max_rows, cancel, stream=stream)
                 if isinstance(response, Fetch):
                     return await fetch_rows(self._coordinator, self._session, response, cancel)
                 if isinstance(response, Subscribing):

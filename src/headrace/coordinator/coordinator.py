@@ -20,6 +20,8 @@ from headrace.catalog.roles import RoleCatalog
 from headrace.catalog.system import SystemCatalog
 from headrace.catalog.items import WebhookSource
 from headrace.catalog.views import MaterializedView
+from headrace.coordinator.row_streams import (STREAM_CHUNK_ROWS, StoreRowStream, continue_stream, interruptible,
+                                              next_rows)
 from headrace.coordinator.responses import (
     Column,
     CommandComplete,
@@ -77,7 +79,7 @@ from headrace.sql.table_statements import is_create_table, is_drop_table, is_wri
 from headrace.sql.select import is_query, plan_select, refuse_store_only_functions
 from headrace.sql.types import TEXT_OID
 from headrace.store.postgres_server import PostgresStore
-from headrace.store.query import describe_query, probe_parameter_types, run_query, session_parameters
+from headrace.store.query import describe_query, probe_parameter_types, run_query, run_query_chunk, session_parameters
 from headrace.store.system_tables import SystemRelation, SystemTables
 
 log = logging.getLogger(__name__)
@@ -390,9 +392,14 @@ class Coordinator:
         return None
 
     # ---- execute ------------------------------------------------------------------------------
-    async def execute(self, session: Session, portal: Portal, max_rows: int, cancel: asyncio.Event) -> ExecuteResponse:
+    async def execute(self, session: Session, portal: Portal, max_rows: int, cancel: asyncio.Event, *,
+                      stream: bool = False) -> ExecuteResponse:
+        """`stream`: the caller takes a large result in pieces (SendingRows.more, coordinator/row_streams.py)."""
+        if portal.row_stream is not None and not portal.pending_rows:
+            return await continue_stream(portal, cancel)
         if portal.pending_rows is not None:
-            return _next_rows(portal, max_rows)
+            return next_rows(portal, max_rows)
+        stream = stream and max_rows == 0
         statement = portal.statement
         ast = statement.ast
         if ast is None and not statement.backend:
@@ -410,9 +417,9 @@ class Coordinator:
                     self.tables.refuse_read_of_own_writes(session, statement.sql)
                 await self.tables.wait_visible(statement.sql, cancel=cancel,
                                                statement_timeout_s=statement_timeout_s(session.variables))
-            response = await self.passthrough.execute(session, portal, cancel)
+            response = await self.passthrough.execute(session, portal, cancel, stream=stream)
             if isinstance(response, SendingRows):
-                return _next_rows(portal, max_rows, tag_verb=response.tag_verb, tag=response.tag)
+                return next_rows(portal, max_rows, tag_verb=response.tag_verb, tag=response.tag)
             return response
         assert ast is not None
         if statement.plan is not None:  # SELECT, COPY (query) TO, a cursor's query, an index lookup
@@ -433,10 +440,10 @@ class Coordinator:
             if statement.plan.reads_system_catalog:
                 await self._run(self.system_catalog.refresh)
             params = session_parameters(statement.plan, portal.params, session)  # + current_user, ...
-            columns, rows = await self._run_cancellable(cancel, statement.plan, params)
+            columns, rows, portal.row_stream = await self._run_cancellable(cancel, statement.plan, params, stream)
             portal.columns = columns
             portal.pending_rows = rows
-            return _next_rows(portal, max_rows)
+            return next_rows(portal, max_rows)
         creating = CREATING_ROLE.set(session.user)  # it owns what the statement creates (catalog/catalog.py)
         try:
             if table_ddl.handles(ast):
@@ -459,7 +466,7 @@ class Coordinator:
         await self._sync_store_grants()  # a relation created or dropped, a GRANT, a role changed
         if isinstance(response, SendingRows):
             portal.columns, portal.pending_rows = response.columns, list(response.rows)
-            return _next_rows(portal, max_rows, tag_verb=response.tag_verb)
+            return next_rows(portal, max_rows, tag_verb=response.tag_verb)
         portal.finished = True
         return response
 
@@ -478,7 +485,7 @@ class Coordinator:
             portal.finished = True
             return response
         portal.columns, portal.pending_rows = relayed.columns, relayed.pending_rows
-        return _next_rows(portal, max_rows, tag_verb=response.tag_verb, tag=response.tag)
+        return next_rows(portal, max_rows, tag_verb=response.tag_verb, tag=response.tag)
 
     async def _execute_command(self, session: Session, ast: exp.Expr, sql: str) -> ExecuteResponse:
         refuse_store_only_functions(ast)  # a view's or a SUBSCRIBE's query
@@ -541,32 +548,35 @@ class Coordinator:
     async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
 
-    async def _run_cancellable(self, cancel: asyncio.Event, plan: Any, params: Sequence[Any]) -> tuple[Any, Any]:
+    async def _run_cancellable(self, cancel: asyncio.Event, plan: Any, params: Sequence[Any], stream: bool = False
+                               ) -> tuple[tuple[Column, ...], list[tuple[Any, ...]], StoreRowStream | None]:
+        """A plan's columns and rows; with `stream`, its first STREAM_CHUNK_ROWS rows and the rest still in
+        DuckDB (the stream then holds the cursor)."""
         reusable = reusable_cursor(plan)
         cursor = self.cursors.acquire() if reusable else self.resources.query_store.cursor()
-        if runs_inline(plan):
-            try:
-                return run_query(cursor, plan, params)
-            finally:
-                self.cursors.release(cursor, reusable)
-        if self.system_tables is not None:
-            self.system_tables.register(cursor, plan)
-        query = asyncio.ensure_future(self._run(run_query, cursor, plan, params))
-        cancelled = asyncio.ensure_future(cancel.wait())
+        kept = False
         try:
-            done, _ = await asyncio.wait({query, cancelled}, return_when=asyncio.FIRST_COMPLETED)
-            if query in done:
-                return query.result()
-            cursor.interrupt()
-            reusable = False
-            try:
-                await query
-            except Exception:  # noqa: BLE001 - the interrupt's own error is replaced by 57014
-                pass
-            raise QueryCanceled("canceling statement due to user request")
+            if runs_inline(plan):  # no FROM: microseconds, or rows DuckDB produces as they are fetched
+                columns, rows, rest = run_query_chunk(cursor, plan, params, STREAM_CHUNK_ROWS) if stream \
+                    else (*run_query(cursor, plan, params), None)
+            else:
+                if self.system_tables is not None:
+                    self.system_tables.register(cursor, plan)
+                try:
+                    columns, rows, rest = await interruptible(
+                        self._run(run_query_chunk, cursor, plan, params, STREAM_CHUNK_ROWS) if stream
+                        else self._run(lambda: (*run_query(cursor, plan, params), None)), cancel, cursor.interrupt)
+                except QueryCanceled:
+                    reusable = False
+                    raise
+            if rest is None:
+                return columns, rows, None
+            kept = True
+            return columns, rows, StoreRowStream(rest, columns, self._run,
+                                                 lambda ok: self.cursors.release(cursor, reusable and ok))
         finally:
-            cancelled.cancel()
-            self.cursors.release(cursor, reusable)
+            if not kept:
+                self.cursors.release(cursor, reusable)
 
 
 def statement_timeout_s(variables: dict[str, str]) -> float:
@@ -578,15 +588,3 @@ def statement_timeout_s(variables: dict[str, str]) -> float:
         return 0.0
     scale = {"ms": 0.001, None: 0.001, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}[match.group(2)]
     return float(match.group(1)) * scale
-
-
-def _next_rows(portal: Portal, max_rows: int, tag_verb: str = "SELECT", tag: str | None = None) -> SendingRows:
-    assert portal.pending_rows is not None and portal.columns is not None
-    if max_rows > 0 and len(portal.pending_rows) > max_rows:
-        batch, portal.pending_rows = portal.pending_rows[:max_rows], portal.pending_rows[max_rows:]
-        portal.rows_sent += len(batch)
-        return SendingRows(portal.columns, batch, tag_verb, suspended=True)
-    batch, portal.pending_rows = portal.pending_rows, []
-    portal.rows_sent += len(batch)
-    portal.finished = True
-    return SendingRows(portal.columns, batch, tag_verb, tag=tag)

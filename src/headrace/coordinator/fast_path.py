@@ -549,7 +549,7 @@ async def execute(fast_path: FastPath, coordinator: Coordinator, session: Sessio
     if not statement.exact or plan is None:  # the cached plan holds another text's literals: plan this one
         plan = plan_select(parse_statement(statement.sql), coordinator._relation_exists, ())
     params = session_parameters(plan, portal.params, session)
-    columns, found = await coordinator._run_cancellable(cancel, plan, params)
+    columns, found, _ = await coordinator._run_cancellable(cancel, plan, params)
     return next_rows(portal, columns, found, max_rows)
 
 

@@ -27,6 +27,7 @@ from sqlglot import exp
 
 from headrace.coordinator.responses import (Column, CommandComplete, CopyFrom, ExecuteResponse, SendingRows,
                                             StatementDescription)
+from headrace.coordinator.row_streams import STREAM_CHUNK_ROWS, BackendRowStream
 from headrace.coordinator.session import Portal, PreparedStatement, Session
 from headrace.coordinator.temp_relations import TemporaryRelations, shadowed_names
 from headrace.pgwire.copy_format import CopyOptions
@@ -256,7 +257,9 @@ class Passthrough:
         backend.remember_description(key, known)
         return PreparedStatement(sql, ast, known, backend=True)
 
-    async def execute(self, session: Session, portal: Portal, cancel: asyncio.Event) -> ExecuteResponse:
+    async def execute(self, session: Session, portal: Portal, cancel: asyncio.Event, *,
+                      stream: bool = False) -> ExecuteResponse:
+        """`stream`: a large result is read in pieces (portal.row_stream, coordinator/row_streams.py)."""
         backend = await self._backend(session)
         await self._sync(session, backend)
         if session.in_block and not backend.connection.in_transaction:
@@ -277,7 +280,8 @@ class Passthrough:
             portal.result_formats and all(code == BINARY_FORMAT for code in portal.result_formats)) else TEXT_FORMAT
         statement = portal.statement
         result: BackendResult = await self._cancellable(backend, cancel, backend.connection.execute(
-            statement.sql, params, statement.description.param_types if params else (), formats, result_format))
+            statement.sql, params, statement.description.param_types if params else (), formats, result_format,
+            chunk_rows=STREAM_CHUNK_ROWS if stream else 0))
         notices = (*result.notices, *([statement.notice] if statement.notice else []))
         backend.temporary.note(statement.sql, result.columns is None and not result.tag.startswith(_DML_TAGS))
         _check_description(backend, statement, result)
@@ -286,6 +290,11 @@ class Passthrough:
             return CommandComplete(result.tag, notices=notices)
         columns = tuple(_column(c, raw_format=result.result_format) for c in result.columns)
         portal.columns, portal.pending_rows = columns, result.rows
+        if result.more:  # the rest comes in pieces; the tag with the last one
+            portal.row_stream = BackendRowStream(
+                backend.connection, "SELECT", lambda cancel, work: self._cancellable(backend, cancel, work),
+                lambda: self._abandon(backend))
+            return SendingRows(columns, [])
         if result.tag[-1:].isdigit():  # "SELECT 3", "INSERT 0 3": the count follows the rows paged out
             return SendingRows(columns, [], result.tag.rsplit(" ", 1)[0])  # the coordinator pages (max_rows)
         return SendingRows(columns, [], tag=result.tag)
@@ -360,6 +369,13 @@ class Passthrough:
                 await connection.run(f"{verb} {quoted}")
                 index = backend.savepoints.index(name)
                 del backend.savepoints[index + (1 if action == "rollback_to" else 0):]
+
+    def _abandon(self, backend: BackendState) -> None:
+        """A backend left mid-result (its client went away while rows streamed): cancelled and closed; the
+        session's next statement gets a new one."""
+        if self._backends.get(backend.connection_id) is backend:
+            del self._backends[backend.connection_id]
+        _close_soon(backend.connection, self._executor)
 
     def close(self, session: Session) -> None:
         backend = self._backends.pop(session.connection_id, None)

@@ -39,13 +39,16 @@ class StatementDescription:
 
 @dataclass(slots=True)
 class SendingRows:
-    """A SELECT's result: every row is available at once (not a streaming API, see seed 004)."""
+    """A SELECT's rows: all of them, or (`more`) a piece of a large result the protocol layer streams."""
 
     columns: tuple[Column, ...]
     rows: Sequence[tuple[Any, ...]]
     tag_verb: str = "SELECT"  # the CommandComplete tag is f"{tag_verb} {row count}"
     suspended: bool = False  # Execute hit max_rows and the portal has more rows (PortalSuspended)
     tag: str | None = None  # the whole CommandComplete tag when it carries no row count (PostgreSQL's EXPLAIN)
+    # More rows follow, still in the store: the protocol layer writes these, then executes the portal again for the
+    # next piece (coordinator/row_streams.py); no PortalSuspended, no CommandComplete yet.
+    more: bool = False
 
     @property
     def command_tag(self) -> str:

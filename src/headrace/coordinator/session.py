@@ -10,7 +10,7 @@ import itertools
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
 
@@ -23,6 +23,9 @@ from headrace.errors import (
     UndefinedPreparedStatement,
 )
 from headrace.sql.select import SelectPlan
+
+if TYPE_CHECKING:
+    from headrace.coordinator.row_streams import RowStream
 
 SERVER_VERSION = "15.0"
 SERVER_VERSION_NUM = "150000"
@@ -70,11 +73,16 @@ class Portal:
     scroll_rows: ScrollRows | None = None
     scroll: bool | None = None
     result_formats: tuple[int, ...] = ()  # Bind's result format codes (a store backend statement asks for them)
+    # The rows of a large result still in the store, handed out in pieces (coordinator/row_streams.py).
+    row_stream: RowStream | None = None
 
     def close(self) -> None:
         if self.stream is not None:
             self.stream.close()
             self.stream = None
+        if self.row_stream is not None:
+            self.row_stream.close()
+            self.row_stream = None
 
 
 def default_variables(user: str, database: str, application_name: str) -> dict[str, str]:

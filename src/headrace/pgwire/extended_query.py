@@ -12,7 +12,7 @@ from headrace.errors import ProtocolViolation
 from headrace.pgwire import messages
 from headrace.pgwire.copy import CopyIn, Flush, is_copy_response, start_copy
 from headrace.pgwire.interfaces import SessionClient
-from headrace.pgwire.results import WatchPeer, append_result, resolve_formats, row_description, stream_subscription
+from headrace.pgwire.results import WatchPeer, resolve_formats, row_description, send_rows, stream_subscription
 from headrace.pgwire.types import TEXT_FORMAT, decode_parameter
 
 UNNAMED = ""
@@ -68,7 +68,8 @@ class ExtendedQueryHandler:
     async def execute(self, message: messages.Execute, out: bytearray, cancel: asyncio.Event,
                       flush: Flush | None = None, watch_peer: WatchPeer | None = None) -> CopyIn | None:
         """A COPY FROM returns its CopyIn: the connection then collects the client's data."""
-        result = await self._session.execute(message.portal, max(message.max_rows, 0), cancel)
+        result = await self._session.execute(message.portal, max(message.max_rows, 0), cancel,
+                                             stream=flush is not None)
         if is_copy_response(result):
             return await start_copy(out, result, cancel, flush, None)  # type: ignore[arg-type]
         if isinstance(result, Subscribing):  # streams (max_rows does not apply) until UP TO or a cancel
@@ -78,7 +79,8 @@ class ExtendedQueryHandler:
             return None
         column_count = len(result.columns) if isinstance(result, SendingRows) else 0
         formats = resolve_formats(self._result_formats.get(message.portal, ()), column_count)
-        append_result(out, result, formats, with_row_description=False)
+        await send_rows(out, result, formats, with_row_description=False, flush=flush,
+                        next_piece=lambda: self._session.execute(message.portal, 0, cancel, stream=True))
         return None
 
     def close(self, message: messages.Close, out: bytearray) -> None:

@@ -60,7 +60,8 @@ class SessionClient(Protocol):
 
     def describe_portal(self, portal: str) -> tuple[Column, ...] | None: ...
 
-    async def execute(self, portal: str, max_rows: int, cancel: asyncio.Event) -> ExecuteResponse: ...
+    async def execute(self, portal: str, max_rows: int, cancel: asyncio.Event, *,
+                      stream: bool = False) -> ExecuteResponse: ...
 
     async def insert_rows(self, target: CopyFrom, rows: list[tuple[object, ...]],
                           cancel: asyncio.Event | None = None) -> CommandComplete:

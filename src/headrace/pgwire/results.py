@@ -88,7 +88,9 @@ def append_result(out: bytearray, result: ExecuteResponse, formats: Sequence[int
         if with_row_description:
             out += row_description(result.columns, formats)
         messages.append_data_rows(out, result.rows, column_encoders(result.columns, formats))
-        if result.suspended:
+        if result.more:
+            pass  # the rest follows: send_rows
+        elif result.suspended:
             out += messages.portal_suspended()
         else:
             out += messages.command_complete(result.command_tag)
@@ -108,6 +110,19 @@ def append_result(out: bytearray, result: ExecuteResponse, formats: Sequence[int
 
 
 Flush = Callable[[], Awaitable[None]]
+NextPiece = Callable[[], Awaitable[ExecuteResponse]]
+
+
+async def send_rows(out: bytearray, result: ExecuteResponse, formats: Sequence[int], *, with_row_description: bool,
+                    next_piece: NextPiece, flush: Flush | None) -> None:
+    """`append_result`, and for a large result the pieces after the first (`SendingRows.more`): each written to
+    the socket and drained before the next is asked for, so a slow client holds the rows back in the store."""
+    append_result(out, result, formats, with_row_description=with_row_description)
+    while isinstance(result, SendingRows) and result.more:
+        if flush is not None:
+            await flush()
+        result = await next_piece()
+        append_result(out, result, formats, with_row_description=False)
 # Set by the transport: reads from the client while a statement streams, so that a client that goes away
 # is noticed (it then cancels the running statement); returns at end of input.
 WatchPeer = Callable[[], Awaitable[None]]

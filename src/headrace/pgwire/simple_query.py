@@ -8,7 +8,7 @@ from headrace.coordinator.responses import SendingRows, Subscribing
 from headrace.pgwire import messages
 from headrace.pgwire.copy import CopyIn, Flush, is_copy_response, start_copy
 from headrace.pgwire.interfaces import SessionClient
-from headrace.pgwire.results import WatchPeer, append_result, stream_subscription
+from headrace.pgwire.results import WatchPeer, send_rows, stream_subscription
 from headrace.pgwire.types import TEXT_FORMAT
 
 UNNAMED = ""
@@ -31,7 +31,7 @@ async def run_simple_query(session: SessionClient, sql: str, out: bytearray, can
     for index, statement in enumerate(statements):
         await session.prepare(UNNAMED, statement, (), describe=False)
         session.bind(UNNAMED, UNNAMED, ())
-        result = await session.execute(UNNAMED, 0, cancel)
+        result = await session.execute(UNNAMED, 0, cancel, stream=flush is not None)
         if is_copy_response(result):  # COPY TO streams now; COPY FROM waits for the client's data
             copy_in = await start_copy(out, result, cancel, flush, ";".join(statements[index + 1:]))  # type: ignore[arg-type]
             if copy_in is not None:
@@ -42,7 +42,8 @@ async def run_simple_query(session: SessionClient, sql: str, out: bytearray, can
                                       cancel=cancel, flush=flush, watch_peer=watch_peer)
             continue
         column_count = len(result.columns) if isinstance(result, SendingRows) else 0
-        append_result(out, result, (TEXT_FORMAT,) * column_count, with_row_description=True)
+        await send_rows(out, result, (TEXT_FORMAT,) * column_count, with_row_description=True,
+                        next_piece=lambda: session.execute(UNNAMED, 0, cancel, stream=True), flush=flush)
     return None
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 import psycopg
@@ -26,6 +27,7 @@ BINARY_FORMAT = 1
 
 _DIAGNOSTIC = pq.DiagnosticField
 _COPY_CHUNK = 128 * 1024
+_COPY_STATES = (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,7 @@ class BackendResult:
     rows: list[tuple[bytes | None, ...]]
     result_format: int
     notices: list[str] = field(default_factory=list)
+    more: bool = False  # chunked: rows follow, read them with `next_chunk` (the tag comes with the last chunk)
 
 
 class BackendError(HeadraceError):
@@ -86,6 +89,8 @@ class BackendConnection:
         self._notices: list[str] = []
         self._pgconn.notice_handler = self._on_notice
         self._copying = False  # between start_copy_in and finish_copy_in
+        self._chunk_format = TEXT_FORMAT  # the result format of the chunked result being read
+        self._chunk_tag = ""  # and its command tag, once libpq gave it
 
     @classmethod
     async def open(cls, conninfo: str) -> BackendConnection:
@@ -119,17 +124,63 @@ class BackendConnection:
         return BackendDescription(params, _columns(described) if described.nfields else None)
 
     async def execute(self, sql: str, params: Sequence[bytes | None] = (), param_types: Sequence[int] = (),
-                      param_formats: Sequence[int] = (), result_format: int = TEXT_FORMAT) -> BackendResult:
-        """Run one statement with its parameters as the client sent them, rows in `result_format`."""
+                      param_formats: Sequence[int] = (), result_format: int = TEXT_FORMAT,
+                      chunk_rows: int = 0) -> BackendResult:
+        """Run one statement with its parameters as the client sent them, rows in `result_format`. With
+        `chunk_rows`, a result of more rows than that comes in pieces (libpq's chunked mode): the first here with
+        `more` set, the others from `next_chunk`, so no more than a chunk is held at once."""
         self._notices = []
         if params or param_types or result_format != TEXT_FORMAT:
             self._pgconn.send_query_params(sql.encode(), list(params), list(param_types) or None,
                                            list(param_formats) or None, result_format)
         else:
             self._pgconn.send_query(sql.encode())  # simple protocol: one round trip, no Parse
-        result = self._check(await self._results())
+        if chunk_rows <= 0:
+            return self._result(self._check(await self._results()), result_format)
+        self._pgconn.set_chunked_rows_mode(chunk_rows)
+        first = await self._wait(generators.send(self._pgconn), generators.fetch(self._pgconn))
+        if first is not None and first.status == pq.ExecStatus.TUPLES_CHUNK:
+            self._chunk_format, self._chunk_tag = result_format, ""
+            chunk = await self._chunk(first)
+            if len(chunk.rows) < chunk_rows:  # a short chunk is the last one: the whole result, in one answer
+                end = await self.next_chunk()
+                end.rows = chunk.rows + end.rows
+                return end
+            return chunk
+        return self._result(self._check(await self._results(sent=True, first=first)), result_format)
+
+    async def next_chunk(self) -> BackendResult:
+        """The next piece of a chunked result (`execute`'s `more`); the last one has `more` False and the tag."""
+        result = await self._wait(generators.fetch(self._pgconn))
+        if result is None:  # cannot happen after a chunk: libpq ends a result set with its TUPLES_OK
+            raise HeadraceError("the store PostgreSQL ended a result early", sqlstate="08006", http_status=503)
+        return await self._chunk(result)
+
+    async def _chunk(self, result: pq.PGresult) -> BackendResult:
+        if result.status == pq.ExecStatus.TUPLES_CHUNK:
+            chunk = self._result(result, self._chunk_format)
+            chunk.more = True
+            self._chunk_tag = chunk.tag or self._chunk_tag  # libpq hands the tag over with the last rows
+            return chunk
+        # The end of the result set (TUPLES_OK, no rows) or an error met after some rows: what follows up to the
+        # end of the statement is read too, so the connection is ready for the next one.
+        last = self._result(self._check(await self._results(sent=True, first=result)), self._chunk_format)
+        last.tag, self._chunk_tag = last.tag or self._chunk_tag, ""
+        return last
+
+    async def _wait(self, *steps: generators.PQGen[Any]) -> Any:
+        value = None
+        try:
+            for step in steps:
+                value = await wait_async(step, self._pgconn.socket)
+        except psycopg.OperationalError as exc:
+            raise HeadraceError(f"lost the connection to the store PostgreSQL: {exc}", sqlstate="08006",
+                                http_status=503) from None
+        return value
+
+    def _result(self, result: pq.PGresult, result_format: int) -> BackendResult:
         rows = [tuple(result.get_value(r, c) for c in range(result.nfields)) for r in range(result.ntuples)]
-        returns_rows = result.status == pq.ExecStatus.TUPLES_OK
+        returns_rows = result.status in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.TUPLES_CHUNK)
         return BackendResult((result.command_status or b"").decode(), _columns(result) if returns_rows else None,
                              rows, result_format, self._notices)
 
@@ -187,9 +238,15 @@ class BackendConnection:
     def close(self) -> None:
         self._pgconn.finish()
 
-    async def _results(self) -> list[pq.PGresult]:
+    async def _results(self, *, sent: bool = False, first: pq.PGresult | None = None) -> list[pq.PGresult]:
+        """The statement's results, up to its end (`sent`: its query is already flushed; `first`: and its first
+        result already read)."""
         try:
-            results = await wait_async(generators.execute(self._pgconn), self._pgconn.socket)
+            if first is not None and first.status in _COPY_STATES:
+                results = [first]
+            else:
+                waiting = generators.fetch_many(self._pgconn) if sent else generators.execute(self._pgconn)
+                results = ([first] if first is not None else []) + await wait_async(waiting, self._pgconn.socket)
             if results and results[-1].status == pq.ExecStatus.COPY_IN:  # not relayed: refuse it, stay usable
                 await wait_async(generators.copy_end(self._pgconn, b"COPY is not relayed to the store"),
                                  self._pgconn.socket)

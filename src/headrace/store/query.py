@@ -113,18 +113,41 @@ def run_query(cursor: duckdb.DuckDBPyConnection, plan: SelectPlan, params: Seque
               session: SessionFacts | None = None) -> tuple[tuple[Column, ...], list[tuple[Any, ...]]]:
     """Run a plan. `params` are the client's; session values the plan reads are appended here unless
     the caller already did (session_parameters)."""
+    columns, result = _start(cursor, plan, params, session)
+    return columns, fetch_rows(result, columns, None)
+
+
+def run_query_chunk(cursor: duckdb.DuckDBPyConnection, plan: SelectPlan, params: Sequence[Any], chunk: int,
+                    session: SessionFacts | None = None
+                    ) -> tuple[tuple[Column, ...], list[tuple[Any, ...]], duckdb.DuckDBPyConnection | None]:
+    """Run a plan and fetch its first `chunk` rows; the result to go on fetching from (`fetch_rows`) when there
+    may be more, else None. DuckDB produces the rest only as they are fetched: memory stays bounded."""
+    columns, result = _start(cursor, plan, params, session)
+    rows = fetch_rows(result, columns, chunk)
+    return columns, rows, (result if len(rows) == chunk else None)
+
+
+def fetch_rows(result: duckdb.DuckDBPyConnection, columns: Sequence[Column], chunk: int | None) -> list[tuple[Any, ...]]:
+    """The next `chunk` rows of a running query (None: all of them); an error met producing them as PostgreSQL's."""
+    try:
+        rows = result.fetchall() if chunk is None else result.fetchmany(chunk)
+    except duckdb.Error as exc:
+        raise translate_error(exc) from None
+    return _postgres_values(columns, rows)
+
+
+def _start(cursor: duckdb.DuckDBPyConnection, plan: SelectPlan, params: Sequence[Any],
+           session: SessionFacts | None) -> tuple[tuple[Column, ...], duckdb.DuckDBPyConnection]:
     if plan.session_inputs and len(params) == len(plan.param_types):
         params = session_parameters(plan, params, session)
     try:
         result = cursor.execute(plan.duckdb_sql, list(params) or None)
-        rows = result.fetchall()
     except duckdb.Error as exc:
         raise translate_error(exc) from None
     description = result.description or []
     names = [entry[0] for entry in description]
     types = [str(entry[1]) for entry in description]
-    columns = _columns(plan, names, types)
-    return columns, _postgres_values(columns, rows)
+    return _columns(plan, names, types), result
 
 
 def _postgres_values(columns: Sequence[Column], rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

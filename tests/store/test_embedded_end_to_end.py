@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from headrace.store.postgres_cluster import postmaster_pid
-from headrace.store.postgres_server import EMBEDDED_ADMIN_ROLE
+from headrace.store.postgres_server import EMBEDDED_ADMIN_ROLE, _socket_directory
 from tests.e2e.server_process import HeadraceProcess
 
 pytestmark = [pytest.mark.e2e,
@@ -28,7 +28,8 @@ def _psql_select_1(server: HeadraceProcess) -> str:
 
 
 def _admin_conninfo(server: HeadraceProcess) -> str:
-    return f"host={server.data_dir / 'postgres' / 'run'} port=5432 dbname=headrace user={EMBEDDED_ADMIN_ROLE}"
+    # <data>/postgres/run, or a directory in /tmp when that path is too long for a socket (pytest-xdist's are)
+    return f"host={_socket_directory(server.data_dir / 'postgres')} port=5432 dbname=headrace user={EMBEDDED_ADMIN_ROLE}"
 
 
 def test_headrace_up_runs_its_own_store(tmp_path: Path) -> None:

@@ -66,10 +66,10 @@ def test_embedded_cluster_is_private(embedded: PostgresStore) -> None:
     assert _one(admin, "SHOW server_encoding") == "UTF8"
     assert _one(admin, "SELECT count(*) FROM pg_hba_file_rules WHERE type <> 'local'") == 0
     root = embedded.data_dir / "postgres"
-    for directory in (root, root / "run", root / "data"):
+    for directory in (root, _socket_directory(root), root / "data"):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
     assert (root / "server.log").exists()
-    assert os.path.exists(root / "run" / ".s.PGSQL.5432")
+    assert os.path.exists(_socket_directory(root) / ".s.PGSQL.5432")
 
 
 def test_restart_reuses_the_cluster_and_its_data(tmp_path: Path) -> None:

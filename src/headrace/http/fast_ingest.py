@@ -87,6 +87,7 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
         self._skip = 0  # body bytes still to discard: of a request answered before its body was read
         self._held_bytes = 0  # bodies of this connection's requests awaiting durability
         self._head_since = 0.0  # when the first byte of the head being read arrived (0: none yet)
+        self._served_a_head = False  # keepalive_timeout applies between requests; before the first, the head's
         self.deadline = NO_DEADLINE  # monotonic time when the connection times out (HttpFront sweeps)
         self._timeout_reply: Reply | None = None  # what a timeout answers (None: close silently)
         self._lingering = False  # answered and half-closed; reading and discarding until the client closes
@@ -193,7 +194,10 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
             self._timeout_reply = REQUEST_TIMEOUT
         else:
             self._head_since = 0.0
-            self.deadline = time.monotonic() + settings.keepalive_timeout_s
+            # A connection that never sent a request waits no longer than a head may take (nginx's
+            # client_header_timeout starts at accept): idle sockets cannot pile up for keepalive_timeout.
+            waiting = settings.keepalive_timeout_s if self._served_a_head else settings.header_timeout_s
+            self.deadline = time.monotonic() + waiting
             self._timeout_reply = None
 
     def time_out(self) -> None:
@@ -267,6 +271,7 @@ class FastIngestProtocol(asyncio.BufferedProtocol):
             if not self._admit(head, head_end):
                 return not self._close_after_writes
             self._head = head
+            self._served_a_head = True
             self._body_start = head_end
         if head.chunked:
             if self._chunked is None:

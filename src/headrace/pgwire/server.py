@@ -38,7 +38,10 @@ async def start_pgwire_server(adapter: AdapterClient, host: str, port: int,
     loop = asyncio.get_running_loop()
     counter = ConnectionCounter()
     chosen = limits if limits is not None else PgLimits()
-    return await loop.create_server(lambda: PgStreamProtocol(adapter, security, chosen, counter), host, port)
+    # PostgreSQL's backlog is 2 x max_connections (capped by the kernel's somaxconn): asyncio's default of 100
+    # makes a burst of connects wait for SYN retransmissions.
+    return await loop.create_server(lambda: PgStreamProtocol(adapter, security, chosen, counter), host, port,
+                                    backlog=max(128, min(2 * chosen.max_connections, 4096)))
 
 
 class ConnectionCounter:

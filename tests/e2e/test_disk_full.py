@@ -97,8 +97,10 @@ def test_disk_full_refuses_then_recovers_by_itself(small_filesystem: Path) -> No
             conn.execute("CREATE MATERIALIZED VIEW ev_count AS SELECT count(*) AS n FROM ev")
             conn.execute("CREATE TABLE t (a int)")
             conn.execute("INSERT INTO t VALUES (0)")
-            # The table's pipeline has applied its first write before the disk fills: a materialization whose
-            # commit fails on a full disk is not retried yet (issue 20, open), which this test does not cover.
+            # The table's pipeline has applied its first write before the disk fills, so its Spark query is running:
+            # under load a first start can take over a minute, which the waits below would count against recovery.
+            # Commits that fail while the disk is full (the source's, its view's, the table's) are retried by the
+            # pipeline's restart with backoff and must all be there once space is back (complete(), below).
             def first_write_applied() -> bool:
                 try:
                     return conn.execute("SELECT a FROM t").fetchall() == [(0,)]

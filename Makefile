@@ -18,10 +18,11 @@ up: $(STAMP) | $(PG_SERVER)
 
 # Temporary directories of this checkout's own: pytest prunes old runs under /tmp/pytest-of-$USER, which
 # would delete the data directories of another checkout's run on the same machine.
-# TEST_WORKERS=2 runs the test files in 2 processes (pytest-xdist, a file's tests in one process, so module-scoped
-# servers start once; each process has its own session servers and store cluster). Measured on the 2-core machine,
-# tests/e2e/test_views.py, test_tables.py and test_webhook_faults.py: 238 s in one process, 183 s in two, all passed
-# while the machine was otherwise idle; with other work on it (load 20-30) 4 of the 13 timed out waiting for Spark.
+# The test files run in TEST_WORKERS processes, 2 by default (pytest-xdist, a file's tests in one process, so
+# module-scoped servers start once; each process has its own session servers and store cluster); TEST_WORKERS= runs
+# them in this process. Measured on the 2-core machine, the whole suite: 30 min in one process, 24 min in two (with
+# other tests running beside it). With other work on the machine (load 20-30) tests time out waiting for Spark.
+TEST_WORKERS ?= 2
 test: $(STAMP) | $(PG_SERVER)
 	$(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp --durations=25 \
 		$(if $(TEST_WORKERS),--numprocesses=$(TEST_WORKERS) --dist=loadfile)

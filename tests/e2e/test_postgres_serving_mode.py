@@ -48,7 +48,7 @@ def test_catalog_is_postgres_own(events: HeadraceProcess) -> None:
     with psycopg.connect(events.dsn, autocommit=True) as conn:
         kinds = dict(conn.execute("SELECT relname, relkind::text FROM pg_class "
                                   "WHERE relnamespace = 'public'::regnamespace").fetchall())
-        assert kinds["events"] == "v" and kinds["by_kind"] == "v"
+        assert kinds["events"] == "r" and kinds["by_kind"] == "v"
         columns = conn.execute("SELECT column_name, data_type FROM information_schema.columns "
                                "WHERE table_name = 'by_kind' ORDER BY ordinal_position").fetchall()
         assert columns == [("kind", "text"), ("n", "bigint"), ("total", "bigint")]
@@ -88,3 +88,36 @@ def test_privileges_hold_in_postgres_too(events: HeadraceProcess) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT * FROM by_kind ORDER BY kind USING <")
+
+
+def test_a_source_is_a_table_with_its_key_and_its_rows(events: HeadraceProcess) -> None:
+    """A source's public relation is a PostgreSQL table its storage inherits (store/source_relation_postgres.py):
+    catalog clients list it among tables, with its NOT NULL columns and (IDEMPOTENT) its key, and read its rows."""
+    import sqlalchemy as sa
+
+    with psycopg.connect(events.dsn, autocommit=True) as conn:
+        conn.execute("CREATE SOURCE keyed FROM WEBHOOK BODY FORMAT JSON IDEMPOTENT (body->>'id')")
+        try:
+            assert conn.execute("SELECT table_type FROM information_schema.tables WHERE table_schema = 'public' "
+                                "AND table_name IN ('events', 'keyed') ORDER BY table_name"
+                                ).fetchall() == [("BASE TABLE",), ("BASE TABLE",)]
+            assert conn.execute("SELECT count(*) FROM events").fetchone() == (10,)  # the storage's rows, once
+            assert conn.execute("SELECT count(*) FROM ONLY events").fetchone() == (0,)  # the parent holds none
+            engine = sa.create_engine(f"postgresql+psycopg://headrace@127.0.0.1:{events.pg_port}/headrace",
+                                      isolation_level="AUTOCOMMIT")
+            try:
+                inspector = sa.inspect(engine)
+                assert {"events", "keyed"} <= set(inspector.get_table_names())
+                assert "events" not in inspector.get_view_names()
+                columns = {column["name"]: column for column in inspector.get_columns("keyed")}
+                assert list(columns) == ["body", "received_at", "idempotency_key"]
+                assert [columns[c]["nullable"] for c in columns] == [False, False, False]
+                assert inspector.get_pk_constraint("keyed")["constrained_columns"] == ["idempotency_key"]
+            finally:
+                engine.dispose()
+            with pytest.raises(psycopg.Error) as refused:  # sources are written by their webhooks only
+                conn.execute("INSERT INTO keyed VALUES ('{}', now(), 'k')")
+            assert refused.value.sqlstate in ("42809", "42501"), refused.value
+        finally:
+            conn.execute("DROP SOURCE keyed")
+        assert conn.execute("SELECT to_regclass('public.keyed')").fetchone() == (None,)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from headrace.catalog.items import WebhookSource
 from headrace.materialize.sources import source_binding
+from headrace.store import source_relation_postgres
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import ServingStore
 from headrace.webhook.ingest import IngestRegistry
@@ -58,6 +59,9 @@ class SourceResources:
         binding = source_binding(source)
         self.store.apply(binding)
         schema, table = binding.resource_path
+        if isinstance(self.store, PostgresServingStore):  # a real table its storage inherits
+            source_relation_postgres.ensure(self.store, source, (schema, table))
+            return
         columns = ", ".join(f'"{column}"' for column in source.column_names())
         self.store.execute(f'CREATE OR REPLACE VIEW public."{source.name}" AS SELECT {columns} FROM "{schema}"."{table}"')
 
@@ -67,7 +71,10 @@ class SourceResources:
 
     def _remove_files(self, source: WebhookSource) -> None:
         binding = source_binding(source)
-        self.store.execute(f'DROP VIEW IF EXISTS public."{source.name}"')
+        if isinstance(self.store, PostgresServingStore):
+            source_relation_postgres.remove(self.store, source, binding.resource_path)  # type: ignore[arg-type]
+        else:
+            self.store.execute(f'DROP VIEW IF EXISTS public."{source.name}"')
         self.store.drop(binding.resource_path)
         shutil.rmtree(self.layout.source_log(source), ignore_errors=True)
         shutil.rmtree(self.layout.pipeline_checkpoint(source.materialization), ignore_errors=True)

@@ -60,22 +60,22 @@ def test_bodies_the_store_refuses_are_400_and_the_source_keeps_serving(server: H
     assert status == [("running",)]
 
 
-CHAIN_SOURCE = "CREATE SOURCE chain_ev FROM WEBHOOK BODY FORMAT JSON"
-CHAIN_POSITIVE = """CREATE MATERIALIZED VIEW chain_positive AS
-SELECT body->>'id' AS id, body->>'g' AS g, (body->>'v')::int AS v FROM chain_ev WHERE (body->>'v')::int > 0"""
-CHAIN_LARGE = "CREATE MATERIALIZED VIEW chain_large AS SELECT id, v FROM chain_positive WHERE v > 50"
-CHAIN_GROUPS = "CREATE MATERIALIZED VIEW chain_groups AS SELECT body->>'g' AS g, count(*) AS n FROM chain_ev GROUP BY 1"
-CHAIN_KEPT = "CREATE MATERIALIZED VIEW chain_kept AS SELECT g, n FROM chain_groups WHERE g = 'kept'"
+CHAIN_SOURCE = "CREATE SOURCE qchain_ev FROM WEBHOOK BODY FORMAT JSON"
+CHAIN_POSITIVE = """CREATE MATERIALIZED VIEW qchain_positive AS
+SELECT body->>'id' AS id, body->>'g' AS g, (body->>'v')::int AS v FROM qchain_ev WHERE (body->>'v')::int > 0"""
+CHAIN_LARGE = "CREATE MATERIALIZED VIEW qchain_large AS SELECT id, v FROM qchain_positive WHERE v > 50"
+CHAIN_GROUPS = "CREATE MATERIALIZED VIEW qchain_groups AS SELECT body->>'g' AS g, count(*) AS n FROM qchain_ev GROUP BY 1"
+CHAIN_KEPT = "CREATE MATERIALIZED VIEW qchain_kept AS SELECT g, n FROM qchain_groups WHERE g = 'kept'"
 
 
 @pytest.mark.timeout(900)
 def test_filtered_views_over_views_keep_flowing(server: HeadraceProcess) -> None:
     execute(server, CHAIN_SOURCE, CHAIN_POSITIVE, CHAIN_LARGE, CHAIN_GROUPS, CHAIN_KEPT)
-    url = server.webhook_url("chain_ev")
+    url = server.webhook_url("qchain_ev")
     sent = 0
     for round_number in range(12):
         # Two rounds in three change the upstream views only where the downstream WHEREs drop every change:
-        # values 1..50 (chain_large) and group 'other' (chain_kept); the third has rows both keep. Each round is
+        # values 1..50 (qchain_large) and group 'other' (qchain_kept); the third has rows both keep. Each round is
         # visible before the next is sent, so each is a transaction of its own.
         passes = round_number % 3 == 2
         for index in range(3):
@@ -83,16 +83,16 @@ def test_filtered_views_over_views_keep_flowing(server: HeadraceProcess) -> None
             value = 60 + index if passes else 1 + (sent % 50)
             body = f'{{"id": "e{sent}", "g": "{"kept" if passes else "other"}", "v": {value}}}'.encode()
             assert post_webhook(url, body).status_code == 200
-        wait_for(lambda: query(server, "SELECT count(*) FROM chain_ev") == [(sent,)], 300, message="the round")
-    expected_large = sorted(query(server, "SELECT body->>'id', (body->>'v')::int FROM chain_ev "
+        wait_for(lambda: query(server, "SELECT count(*) FROM qchain_ev") == [(sent,)], 300, message="the round")
+    expected_large = sorted(query(server, "SELECT body->>'id', (body->>'v')::int FROM qchain_ev "
                                           "WHERE (body->>'v')::int > 50"))
     assert len(expected_large) == 12
-    wait_for(lambda: sorted(query(server, "SELECT id, v FROM chain_large")) == expected_large, 300,
+    wait_for(lambda: sorted(query(server, "SELECT id, v FROM qchain_large")) == expected_large, 300,
              message="the filtered view over a view")
-    wait_for(lambda: query(server, "SELECT g, n FROM chain_kept") == [("kept", 12)], 300, message="kept groups")
-    assert sorted(query(server, "SELECT g, n FROM chain_groups")) == [("kept", 12), ("other", 24)]
+    wait_for(lambda: query(server, "SELECT g, n FROM qchain_kept") == [("kept", 12)], 300, message="kept groups")
+    assert sorted(query(server, "SELECT g, n FROM qchain_groups")) == [("kept", 12), ("other", 24)]
     ((state, last_error),) = query(server, "SELECT state, last_error FROM headrace_internal.source_status "
-                                           "WHERE source = 'public.chain_ev'")
+                                           "WHERE source = 'public.qchain_ev'")
     # (a loaded machine may have restarted the query once for Spark's own reasons: not this test's concern)
     assert state == "running" and "Flush" not in (last_error or ""), last_error
 

@@ -20,8 +20,9 @@ up: $(STAMP) | $(PG_SERVER)
 # would delete the data directories of another checkout's run on the same machine.
 # The test files run in TEST_WORKERS processes, 2 by default (pytest-xdist, a file's tests in one process, so
 # module-scoped servers start once; each process has its own session servers and store cluster); TEST_WORKERS= runs
-# them in this process. Measured on the 2-core machine, the whole suite: 30 min in one process, 24 min in two (with
-# other tests running beside it). With other work on the machine (load 20-30) tests time out waiting for Spark.
+# them in this process. Measured on the 2-core machine, the whole suite: 30 min in one process, 24 min in two, 21.5 min
+# in two with the longest files first (tests/conftest.py). With other work on the machine (load 20-30) tests time out
+# waiting for Spark.
 TEST_WORKERS ?= 2
 test: $(STAMP) | $(PG_SERVER)
 	$(VENV)/bin/python -m pytest --basetemp=$(CURDIR)/.pytest-tmp --durations=25 \

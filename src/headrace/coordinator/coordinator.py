@@ -79,7 +79,7 @@ from headrace.sql.table_statements import is_create_table, is_drop_table, is_wri
 from headrace.sql.select import is_query, plan_select, refuse_store_only_functions
 from headrace.sql.types import TEXT_OID
 from headrace.store.postgres_server import PostgresStore
-from headrace.store.query import describe_query, probe_parameter_types, run_query, run_query_chunk, session_parameters
+from headrace.store.query import describe_query, probe_parameter_types, run_query_chunk, session_parameters
 from headrace.store.system_tables import SystemRelation, SystemTables
 
 log = logging.getLogger(__name__)
@@ -555,17 +555,16 @@ class Coordinator:
         reusable = reusable_cursor(plan)
         cursor = self.cursors.acquire() if reusable else self.resources.query_store.cursor()
         kept = False
+        chunk = STREAM_CHUNK_ROWS if stream else None
         try:
             if runs_inline(plan):  # no FROM: microseconds, or rows DuckDB produces as they are fetched
-                columns, rows, rest = run_query_chunk(cursor, plan, params, STREAM_CHUNK_ROWS) if stream \
-                    else (*run_query(cursor, plan, params), None)
+                columns, rows, rest = run_query_chunk(cursor, plan, params, chunk)
             else:
                 if self.system_tables is not None:
                     self.system_tables.register(cursor, plan)
                 try:
                     columns, rows, rest = await interruptible(
-                        self._run(run_query_chunk, cursor, plan, params, STREAM_CHUNK_ROWS) if stream
-                        else self._run(lambda: (*run_query(cursor, plan, params), None)), cancel, cursor.interrupt)
+                        self._run(run_query_chunk, cursor, plan, params, chunk), cancel, cursor.interrupt)
                 except QueryCanceled:
                     reusable = False
                     raise

@@ -117,14 +117,14 @@ def run_query(cursor: duckdb.DuckDBPyConnection, plan: SelectPlan, params: Seque
     return columns, fetch_rows(result, columns, None)
 
 
-def run_query_chunk(cursor: duckdb.DuckDBPyConnection, plan: SelectPlan, params: Sequence[Any], chunk: int,
+def run_query_chunk(cursor: duckdb.DuckDBPyConnection, plan: SelectPlan, params: Sequence[Any], chunk: int | None,
                     session: SessionFacts | None = None
                     ) -> tuple[tuple[Column, ...], list[tuple[Any, ...]], duckdb.DuckDBPyConnection | None]:
-    """Run a plan and fetch its first `chunk` rows; the result to go on fetching from (`fetch_rows`) when there
-    may be more, else None. DuckDB produces the rest only as they are fetched: memory stays bounded."""
+    """Run a plan and fetch its first `chunk` rows (None: all); the result to go on fetching from (`fetch_rows`)
+    when there may be more, else None. DuckDB produces the rest only as they are fetched: memory stays bounded."""
     columns, result = _start(cursor, plan, params, session)
     rows = fetch_rows(result, columns, chunk)
-    return columns, rows, (result if len(rows) == chunk else None)
+    return columns, rows, (result if chunk is not None and len(rows) == chunk else None)
 
 
 def fetch_rows(result: duckdb.DuckDBPyConnection, columns: Sequence[Column], chunk: int | None) -> list[tuple[Any, ...]]:

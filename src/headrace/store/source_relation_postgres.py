@@ -25,10 +25,7 @@ from headrace.catalog.system import item_not_null, item_primary_key
 from headrace.materialize.drivers.postgres_tables import existing_columns
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import quote_ident
-
-_DEPENDENTS = ("SELECT 1 FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid "
-               "WHERE d.classid = 'pg_rewrite'::regclass AND d.refobjid = to_regclass(%s) AND r.ev_class <> d.refobjid")
-
+from headrace.store.table_relation_postgres import has_dependents, relkind
 
 def public_name(source: WebhookSource) -> str:
     return f"public.{quote_ident(source.name)}"
@@ -38,13 +35,13 @@ def ensure(store: PostgresServingStore, source: WebhookSource, storage: tuple[st
     """Create (or repair) the source's public table over its storage: see the module docstring. Idempotent."""
     public, child = public_name(source), f"{quote_ident(storage[0])}.{quote_ident(storage[1])}"
     with store.pool.connection() as conn:
-        kind = _relkind(conn, public)
+        kind = relkind(conn, public)
         if kind == "r" and _inherits(conn, child, public):
             return
         stored = existing_columns(conn, *storage)
         columns = [(name, stored[name]) for name in source.column_names()]
         if kind == "v":
-            if conn.execute(_DEPENDENTS, [public]).fetchone() is not None:  # a user's view over it: it stays
+            if has_dependents(conn, public):  # a user's view over it: it stays
                 names = ", ".join(quote_ident(name) for name, _ in columns)
                 conn.execute(f"CREATE OR REPLACE VIEW {public} AS SELECT {names} FROM {child}")
                 conn.commit()
@@ -67,7 +64,7 @@ def remove(store: PostgresServingStore, source: WebhookSource, storage: tuple[st
     """Drop the public relation, before the storage (its child) goes."""
     public, child = public_name(source), f"{quote_ident(storage[0])}.{quote_ident(storage[1])}"
     with store.pool.connection() as conn:
-        kind = _relkind(conn, public)
+        kind = relkind(conn, public)
         if kind == "v":
             conn.execute(f"DROP VIEW {public}")
         elif kind is not None:
@@ -75,11 +72,6 @@ def remove(store: PostgresServingStore, source: WebhookSource, storage: tuple[st
                 conn.execute(f"ALTER TABLE {child} NO INHERIT {public}")
             conn.execute(f"DROP TABLE {public}")
         conn.commit()
-
-
-def _relkind(conn: psycopg.Connection[Any], name: str) -> str | None:
-    row = conn.execute("SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)", [name]).fetchone()
-    return None if row is None else str(row[0])
 
 
 def _inherits(conn: psycopg.Connection[Any], child: str, parent: str) -> bool:

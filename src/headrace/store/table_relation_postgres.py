@@ -99,9 +99,14 @@ def _trigger_sql(table: Table, storage: str, event: str) -> str:
             f"REFERENCING {transitions} FOR EACH STATEMENT EXECUTE FUNCTION {_mirror_function(table)}()")
 
 
-def _relkind(conn: psycopg.Connection[Any], table: Table) -> str | None:
-    row = conn.execute("SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)", [public_name(table)]).fetchone()
+def relkind(conn: psycopg.Connection[Any], name: str) -> str | None:
+    """pg_class.relkind of a relation by its quoted, qualified name; None when there is none."""
+    row = conn.execute("SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)", [name]).fetchone()
     return None if row is None else str(row[0])
+
+
+def _relkind(conn: psycopg.Connection[Any], table: Table) -> str | None:
+    return relkind(conn, public_name(table))
 
 
 def ensure(store: PostgresServingStore, table: Table, storage: str) -> None:
@@ -140,8 +145,13 @@ _DEPENDENTS = ("SELECT DISTINCT format('%%s %%s', CASE c.relkind WHEN 'm' THEN '
                "ORDER BY 1")
 
 
+def has_dependents(conn: psycopg.Connection[Any], name: str) -> bool:
+    """Whether views of the store (plain views users created there) depend on the relation `name`."""
+    return bool(conn.execute(_DEPENDENTS, [name]).fetchall())
+
+
 def _has_dependents(conn: psycopg.Connection[Any], table: Table) -> bool:
-    return bool(conn.execute(_DEPENDENTS, [public_name(table)]).fetchall())
+    return has_dependents(conn, public_name(table))
 
 
 def dependent_views(store: PostgresServingStore, table: Table) -> list[str]:

@@ -26,7 +26,9 @@ from headrace.coordinator.subscribe import Store, Subscriptions, describe_target
 from headrace.errors import DuplicateObject, FeatureNotSupported, HeadraceError, UndefinedColumn, UndefinedObject
 from headrace.pgwire import types as pg
 from headrace.sql.ast import ShowObjects
+from headrace.store import index_relation_postgres
 from headrace.store.arrangements import Arrangement, Arrangements
+from headrace.store.postgres_serving import PostgresServingStore
 
 SHOW_COLUMNS = (Column("name", pg.TEXT), Column("on", pg.TEXT), Column("cluster", pg.TEXT), Column("key", pg.TEXT))
 INDEX_KIND = "index"
@@ -109,6 +111,9 @@ class IndexDdl:
         return Arrangement(self.store, self.executor, target, relation.columns, relation.key_positions, alive)
 
     def _forget(self, index: IndexDefinition) -> None:
+        in_store = self._postgres_store()
+        if in_store is not None:
+            index_relation_postgres.drop(in_store, index.schema, index.on_name, index.name)
         self.catalog.remove(index.id)
         self.arrangements.drop(index.id)
         self._relations.pop(index.id, None)
@@ -121,7 +126,7 @@ class IndexDdl:
             if isinstance(ast, exp.Create):
                 return await self._create(ast, sql)
             assert isinstance(ast, exp.Drop)
-            return self._drop(ast)
+            return await asyncio.get_running_loop().run_in_executor(self.executor, self._drop, ast)
 
     async def _create(self, ast: exp.Create, sql: str) -> CommandComplete:
         index = ast.this
@@ -155,7 +160,12 @@ class IndexDdl:
             raise DuplicateObject(notice)
         definition = IndexDefinition(self.catalog.allocate_id(), name, schema, on_schema, on_name, relation_id,
                                      tuple(columns), sql)
-        relation = await asyncio.get_running_loop().run_in_executor(self.executor, self._describe, definition)
+        loop = asyncio.get_running_loop()
+        relation = await loop.run_in_executor(self.executor, self._describe, definition)
+        in_store = self._postgres_store()
+        if in_store is not None:  # a PostgreSQL index too, where PostgreSQL can index the relation
+            await loop.run_in_executor(self.executor, index_relation_postgres.create, in_store, on_schema, on_name,
+                                       name, definition.columns)
         self.catalog.add(definition)
         try:
             target = self.subscriptions.resolve(on_schema, on_name)
@@ -164,6 +174,9 @@ class IndexDdl:
             self._forget(definition)
             raise
         return CommandComplete("CREATE INDEX")
+
+    def _postgres_store(self) -> PostgresServingStore | None:
+        return self.store if isinstance(self.store, PostgresServingStore) else None
 
     def _name_taken(self, schema: str, name: str) -> str | None:
         if self.catalog.find(schema, name) is not None:

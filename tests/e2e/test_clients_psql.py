@@ -11,7 +11,7 @@ import uuid
 import psycopg
 import pytest
 
-from tests.e2e.server_process import HeadraceProcess
+from tests.e2e.server_process import SERVING_ON_POSTGRES, HeadraceProcess
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(shutil.which("psql") is None, reason="psql is not installed (scripts/bootstrap.sh)")]
@@ -77,11 +77,18 @@ def test_describe_plus_and_index_list(server: HeadraceProcess, sources: tuple[st
 
 
 def test_schemas_databases_roles_conninfo(server: HeadraceProcess) -> None:
-    assert " public | headrace" in psql(server, r"\dn")
-    databases = psql(server, r"\l")
-    assert " headrace | headrace | UTF8" in databases
-    roles = psql(server, r"\du")
-    assert " headrace  | Superuser, Create role, Create DB" in roles
+    if SERVING_ON_POSTGRES:  # PostgreSQL's own catalog: its schema owner, the store's database, mirrored roles
+        assert " public            | pg_database_owner" in psql(server, r"\dn")
+        database = psql(server, "SELECT current_database()").split("\n")[2].strip()
+        assert f" {database} " in psql(server, r"\l")
+        # a headrace superuser is never a superuser of the store PostgreSQL (docs/store.md, roles)
+        assert " headrace " in psql(server, r"\du")
+    else:
+        assert " public | headrace" in psql(server, r"\dn")
+        databases = psql(server, r"\l")
+        assert " headrace | headrace | UTF8" in databases
+        roles = psql(server, r"\du")
+        assert " headrace  | Superuser, Create role, Create DB" in roles
     assert f'as user "headrace" on host "127.0.0.1" at port "{server.pg_port}"' in psql(server, r"\conninfo")
 
 

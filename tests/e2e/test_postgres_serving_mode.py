@@ -121,3 +121,38 @@ def test_a_source_is_a_table_with_its_key_and_its_rows(events: HeadraceProcess) 
         finally:
             conn.execute("DROP SOURCE keyed")
         assert conn.execute("SELECT to_regclass('public.keyed')").fetchone() == (None,)
+
+
+def test_relations_are_their_creators_and_change_only_through_headrace(events: HeadraceProcess) -> None:
+    """The store's relations are owned by their creators (psql's \\dt shows them), and the owner's changes headrace
+    would not see are PostgreSQL's 42501: the store's event triggers refuse them (store/relation_guard_postgres.py)."""
+    with psycopg.connect(events.dsn, autocommit=True) as conn:
+        conn.execute("CREATE ROLE maker LOGIN CREATEDB")
+        conn.execute("GRANT CREATE ON SCHEMA public TO maker")
+        conn.execute("GRANT SELECT ON events TO maker")
+    dsn = events.dsn.replace("user=headrace", "user=maker")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE made (id int PRIMARY KEY, note text)")
+        conn.execute("CREATE MATERIALIZED VIEW made_counts AS SELECT note, count(*) AS n FROM made GROUP BY note")
+        conn.execute("INSERT INTO made VALUES (1, 'a'), (2, 'a')")
+        owners = dict(conn.execute("SELECT relname, pg_get_userbyid(relowner)::text FROM pg_class WHERE relname IN "
+                                   "('made', 'made_counts', 'events')").fetchall())
+        assert owners == {"made": "maker", "made_counts": "maker", "events": "headrace"}
+        wait_for(lambda: conn.execute("SELECT n FROM made_counts").fetchall() == [(2,)], 60, message="the view")
+        for statement in ("COMMENT ON TABLE made IS 'mine'",  # statements headrace passes to PostgreSQL as they are
+                          "CREATE RULE quiet AS ON UPDATE TO made DO INSTEAD NOTHING",
+                          "CREATE POLICY mine ON made USING (true)",
+                          "ALTER TABLE made ENABLE ROW LEVEL SECURITY",
+                          "COMMENT ON VIEW made_counts IS 'mine'",
+                          "GRANT SELECT ON made TO PUBLIC WITH GRANT OPTION"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
+                conn.execute(statement)
+            assert "through headrace" in str(refused.value) or "permission denied" in str(refused.value), statement
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # owner privileges beyond SELECT are revoked
+            conn.execute("TRUNCATE made")
+        # what the owner may do through headrace still works, and the view still reads as the owner
+        conn.execute("UPDATE made SET note = 'b' WHERE id = 2")
+        wait_for(lambda: sorted(conn.execute("SELECT note, n FROM made_counts").fetchall()) == [("a", 1), ("b", 1)],
+                 60, message="the view after the update")
+        conn.execute("DROP MATERIALIZED VIEW made_counts")
+        conn.execute("DROP TABLE made")

@@ -341,7 +341,7 @@ class Coordinator:
             return False
         if reads_catalog(ast) or self._headrace_relations_read(ast):
             return True
-        return not calls_session_function(ast)
+        return not calls_session_function(ast, database_is_the_stores=True)
 
     def _copies_into_store(self, ast: exp.Expr) -> bool:
         if not isinstance(ast, CopyStatement) or ast.args.get("direction") != "from" or not ast.args.get("table"):

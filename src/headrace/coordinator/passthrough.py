@@ -108,11 +108,17 @@ _SESSION_FUNCTIONS = frozenset({"current_setting", "set_config", "version", "cur
                                 "pg_postmaster_start_time"})
 
 
-def calls_session_function(ast: exp.Expr) -> bool:
+# With the PostgreSQL serving store the session's database is the store's (the database its relations are in, as
+# pg_database and every catalog query say), whatever name the client connected with.
+_DATABASE_FUNCTIONS = frozenset({"current_database", "current_catalog"})
+
+
+def calls_session_function(ast: exp.Expr, *, database_is_the_stores: bool = False) -> bool:
     """Whether `ast` calls a function whose answer is headrace's session's or process's (_SESSION_FUNCTIONS)."""
+    functions = _SESSION_FUNCTIONS - _DATABASE_FUNCTIONS if database_is_the_stores else _SESSION_FUNCTIONS
     for function in ast.find_all(exp.Func):
         name = (function.name if isinstance(function, exp.Anonymous) else function.sql_name()).lower()
-        if name in _SESSION_FUNCTIONS:
+        if name in functions:
             return True
     return False
 

@@ -37,6 +37,7 @@ from psycopg import sql
 from headrace.catalog.roles import make_scram_verifier
 from headrace.catalog.tables import Table, TableColumn
 from headrace.errors import HeadraceError
+from headrace.materialize.drivers.postgres_sql import interval_input
 from headrace.store.backend import BackendError
 from headrace.store.postgres_roles import MIRROR_LOCK_KEY, TABLE_WRITES_ROLE, login_conninfo
 from headrace.store.postgres_serving import ConnectionPool, PostgresServingStore, column_type
@@ -173,7 +174,7 @@ def input_text(pg_type: str, value: Any) -> str | None:
     if pg_type == "date":
         return table_types.date_text(value)
     if pg_type == "interval":
-        return f"{int(value)} microseconds"
+        return interval_input(int(value))
     if pg_type == "jsonb":
         return orjson.dumps(value).decode()
     if pg_type == "bytea":

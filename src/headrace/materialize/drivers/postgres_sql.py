@@ -197,11 +197,26 @@ def _with_infinities(numbers: pa.Array | pa.ChunkedArray, type_name: str) -> pa.
     return pa.array([None if value is None else text(value) for value in numbers.to_pylist()], pa.string())
 
 
+MICROS_PER_DAY = 86_400_000_000
+
+
+def interval_input(micros: int) -> str:
+    """One value as _interval_text writes it."""
+    days = abs(micros) // MICROS_PER_DAY * (1 if micros >= 0 else -1)  # toward zero, as pyarrow's divide
+    return f"{days} days {micros - days * MICROS_PER_DAY} microseconds"
+
+
 def _interval_text(micros: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """Integer microseconds as PostgreSQL's interval input ("90000000 microseconds"); NULL stays NULL."""
+    """Integer microseconds as PostgreSQL's interval input, whole days apart ("1 days 7200000000 microseconds"; the
+    days truncated toward zero, so both parts share one sign); NULL stays NULL. headrace's interval value is a
+    duration (a timedelta), in which 24 hours are a day: PostgreSQL then prints `1 day 02:00:00` as headrace's
+    codec does (store/table_types.py), not `26:00:00`."""
     import pyarrow.compute as pc
 
-    return pc.binary_join_element_wise(micros.cast(pa.string()), pa.scalar(" microseconds"), "")
+    days = pc.divide(micros, MICROS_PER_DAY)  # integer division truncates toward zero
+    rest = pc.subtract(micros, pc.multiply(days, MICROS_PER_DAY))
+    return pc.binary_join_element_wise(days.cast(pa.string()), pa.scalar(" days "), rest.cast(pa.string()),
+                                       pa.scalar(" microseconds"), "")
 
 
 def csv_payload(table: pa.Table | pa.RecordBatch) -> pa.Buffer:

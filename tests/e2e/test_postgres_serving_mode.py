@@ -143,13 +143,10 @@ def test_relations_are_their_creators_and_change_only_through_headrace(events: H
                           "CREATE RULE quiet AS ON UPDATE TO made DO INSTEAD NOTHING",
                           "CREATE POLICY mine ON made USING (true)",
                           "ALTER TABLE made ENABLE ROW LEVEL SECURITY",
-                          "COMMENT ON VIEW made_counts IS 'mine'",
-                          "GRANT SELECT ON made TO PUBLIC WITH GRANT OPTION"):
+                          "COMMENT ON VIEW made_counts IS 'mine'"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
                 conn.execute(statement)
             assert "through headrace" in str(refused.value) or "permission denied" in str(refused.value), statement
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # owner privileges beyond SELECT are revoked
-            conn.execute("TRUNCATE made")
         # what the owner may do through headrace still works, and the view still reads as the owner
         conn.execute("UPDATE made SET note = 'b' WHERE id = 2")
         wait_for(lambda: sorted(conn.execute("SELECT note, n FROM made_counts").fetchall()) == [("a", 1), ("b", 1)],

@@ -141,9 +141,9 @@ class TableBatches:
         self.last_batch_seconds = time.monotonic() - started
 
 
-def _read_table_log(spark: Any, log_dir: Path, start_offset: int, stored: dict[str, Any]) -> Any:
+def _read_table_log(spark: Any, log_options: dict[str, str], start_offset: int, stored: dict[str, Any]) -> Any:
     return (spark.readStream.format(HeadraceTableLogSource.name())
-            .option("path", str(log_dir)).option("startOffset", str(start_offset)).load())
+            .options(**log_options).option("startOffset", str(start_offset)).load())
 
 
 def _no_derived(spark: Any, views: Sequence[Any]) -> list[Any]:

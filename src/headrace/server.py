@@ -35,7 +35,7 @@ from headrace.pgwire.auth import insecure_trust_rules, parse_auth_rules
 from headrace.pgwire.limits import PgLimits, raise_open_file_limit
 from headrace.pgwire.security import SecurityConfig, make_tls_context
 from headrace.pgwire.server import start_pgwire_server
-from headrace.log.read_service import LogReadService, start_log_read_service, write_token
+from headrace.log.read_service import LogReadCollector, LogReadService, start_log_read_service, write_token
 from headrace.pipeline.spark_master import BadSparkMaster, check_reachable, parse_master
 from headrace.pipeline.status import PipelineCollector
 from headrace.pipeline.supervisor import PipelineSupervisor
@@ -223,8 +223,9 @@ async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, 
     log_server = None  # Spark elsewhere reads the logs through it (log/read_service.py); local mode reads the files
     if not master.is_local:
         token = write_token(layout.root)
-        log_server = await start_log_read_service(LogReadService(layout.root / "logs", token), config.advertise_host,
-                                                  config.log_service_port)
+        log_service = LogReadService(layout.root / "logs", token)
+        log_server = await start_log_read_service(log_service, config.advertise_host, config.log_service_port)
+        register_metrics(http_app, LogReadCollector(log_service))
     fatal: list[str] = []
 
     def pipeline_cannot_start(message: str) -> None:

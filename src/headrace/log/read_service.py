@@ -142,6 +142,15 @@ class LogReadService:
             raise ValueError("the log read token must be at least 16 characters")
         self.logs_root = logs_root
         self._token = token.encode()
+        self.answered: dict[tuple[str, int], int] = {}  # (action, status) -> requests: /metrics
+
+    def respond(self, method: str, path: str, query: Mapping[str, str], authorization: str | None,
+                body: bytes = b"") -> LogReply:
+        reply = self._respond(method, path, query, authorization, body)
+        action = path.rsplit("/", 1)[-1] if path.startswith(API_PREFIX) else "other"
+        key = (action if action in ("end", "records", "records-at") else "other", reply.status)
+        self.answered[key] = self.answered.get(key, 0) + 1
+        return reply
 
     def authenticate(self, authorization: str | None) -> LogReply | None:
         """None if `authorization` carries the token; else the 401/403 reply."""
@@ -153,8 +162,8 @@ class LogReadService:
             return _error(403, "wrong log read token")
         return None
 
-    def respond(self, method: str, path: str, query: Mapping[str, str], authorization: str | None,
-                body: bytes = b"") -> LogReply:
+    def _respond(self, method: str, path: str, query: Mapping[str, str], authorization: str | None,
+                 body: bytes) -> LogReply:
         denied = self.authenticate(authorization)
         if denied is not None:
             return denied
@@ -234,6 +243,22 @@ def decode_records(chunks: Any) -> Iterator[tuple[int, bytes]]:
         raise ValueError(f"unexpected log read schema {reader.schema}")
     for batch in reader:
         yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist())
+
+
+class LogReadCollector:
+    """`headrace_log_read_requests_total{action,status}` on GET /metrics."""
+
+    def __init__(self, service: LogReadService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily("headrace_log_read_requests", "Requests the log read service answered, by "
+                                     "action (end, records, records-at) and HTTP status.", labels=["action", "status"])
+        for (action, status), count in sorted(dict(self._service.answered).items()):
+            family.add_metric([action, str(status)], count)
+        yield family
 
 
 def write_token(data_dir: Path) -> str:

@@ -141,6 +141,8 @@ def build_spark(master: str, data_dir: Path) -> Any:
         # default); with a dozen sources on 2 busy cores it took longer, and the stream hung unstarted.
         .config("spark.python.authenticate.socketTimeout", "120s")
         .config("spark.local.dir", str(data_dir / "pipeline" / "tmp"))
+        # Executors on other machines run this Python (default: the pipeline's own path, which must exist there).
+        .config("spark.pyspark.python", os.environ.get("HEADRACE_EXECUTOR_PYTHON") or sys.executable)
         .config("spark.sql.warehouse.dir", str(data_dir / "pipeline" / "warehouse"))
         .getOrCreate()
     )
@@ -206,9 +208,29 @@ class LogService:
     token: str
 
 
+def open_runtime(kind: QueryKind, source: Any, source_views: list[SourceView], driver_address: tuple[str, int],
+                 spark: Any) -> Runtime:
+    """A (not yet opened) runtime for a source's or table's materialization: its binding, then its views'."""
+    spec = MaterializationSpec(name=source.materialization,
+                               bindings=(kind.binding(source), *(v.binding for v in source_views)))
+    return Runtime(RpcDriverConnection(*driver_address), spec,
+                   reducers=[combine_lww, *(reducer_for_schema(v.plan.reduce_schema) for v in source_views)],
+                   finalizers=[None, *(v.plan.finalize for v in source_views)],
+                   derived=kind.derived(spark, source_views))  # views over views
+
+
+def query_kind(item: Any) -> QueryKind:
+    if getattr(item, "kind", None) == "table":  # a table's log and records (pipeline/table_batches.py)
+        from headrace.pipeline.table_batches import TABLE_QUERY
+
+        return TABLE_QUERY
+    return SOURCE_QUERY
+
+
 class Pipeline:
     def __init__(self, spark: Any, data_dir: Path, driver_address: tuple[str, int],
-                 log_service: LogService | None = None) -> None:
+                 log_service: LogService | None = None, connect: bool = False) -> None:
+        self.connect = connect  # Spark Connect: foreachBatch runs on the server's side (connect_batches.py)
         self.spark = spark
         self.data_dir = data_dir
         self.driver_address = driver_address
@@ -242,9 +264,7 @@ class Pipeline:
             self.last_errors[source.id] = (one_line_error(exc), time.time())
 
     def start_source(self, source: WebhookSource, views: list[MaterializedView] | None = None) -> None:
-        kind = SOURCE_QUERY
-        if getattr(source, "kind", None) == "table":  # a table's log and records (pipeline/table_batches.py)
-            from headrace.pipeline.table_batches import TABLE_QUERY as kind
+        kind = query_kind(source)
         views = list(views or [])
         checkpoint_dir = self.data_dir / "pipeline" / "checkpoints" / source.materialization
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -254,12 +274,7 @@ class Pipeline:
         source_views, failed = kind.compile_views(source, views)
         for view, error in failed:
             log.error("materialized view %s cannot be maintained: %s", view.name, error)
-        spec = MaterializationSpec(name=source.materialization,
-                                   bindings=(kind.binding(source), *(v.binding for v in source_views)))
-        runtime = Runtime(RpcDriverConnection(*self.driver_address), spec,
-                          reducers=[combine_lww, *(reducer_for_schema(v.plan.reduce_schema) for v in source_views)],
-                          finalizers=[None, *(v.plan.finalize for v in source_views)],
-                          derived=kind.derived(self.spark, source_views))  # views over views
+        runtime = open_runtime(kind, source, source_views, self.driver_address, self.spark)
         try:
             stored = runtime.open() or {}
             if discard_checkpoint_ahead_of_store(checkpoint_dir, epoch, stored):  # pipelined commits: batches.py
@@ -272,8 +287,17 @@ class Pipeline:
                 start_offset = int(stored.get("log_end", 0))
             if stored:
                 self._backfill(source, runtime, stored, source_views, log_dir, kind)
-            batches = kind.batches(source, runtime, epoch, committed_batch_id, source_views,
-                                   self.log_access(source.id, log_dir))
+            if self.connect:
+                # foreachBatch runs on the Connect server: it opens a runtime of its own there (fencing this one,
+                # closed now), so nothing here but the query's handle lives on.
+                from headrace.pipeline.connect_batches import RemoteBatches
+
+                runtime.close()
+                batches = RemoteBatches(source.id, source.create_sql, [view.to_entry() for view in views],
+                                        self.driver_address, epoch, self.log_access(source.id, log_dir))
+            else:
+                batches = kind.batches(source, runtime, epoch, committed_batch_id, source_views,
+                                       self.log_access(source.id, log_dir))
             frame = kind.read_stream(self.spark, self.log_options(source.id, log_dir), start_offset, stored)
             query = (frame.writeStream.foreachBatch(batches)
                      .option("checkpointLocation", str(checkpoint_dir))
@@ -449,7 +473,7 @@ def main(argv: list[str] | None = None) -> None:
         if not args.log_service or not os.environ.get(TOKEN_ENV):
             raise SystemExit(f"--spark-master {master.url} needs --log-service and {TOKEN_ENV}")
         log_service = LogService(args.log_service, os.environ[TOKEN_ENV])
-    pipeline = Pipeline(spark, args.data_dir, _parse_address(args.driver), log_service)
+    pipeline = Pipeline(spark, args.data_dir, _parse_address(args.driver), log_service, connect=master.is_connect)
     control.send({"type": "ready"})
     reported: list[dict[str, Any]] = []
     try:

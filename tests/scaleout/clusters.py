@@ -81,7 +81,7 @@ class StandaloneCluster:
 
     def start(self, workers: int = 2) -> None:
         self.master_port = free_port()
-        env = _env(self.base, {"SPARK_MASTER_OPTS": "-Xmx256m", "SPARK_DAEMON_MEMORY": "256m"})
+        env = _env(self.base, {"SPARK_DAEMON_MEMORY": "256m"})
         master = _start("master", self.base / "master", [
             "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.master_port),
             "--webui-port", str(free_port())], env)

@@ -90,7 +90,7 @@ def test_webhook_view_select_exactly_once(master: tuple[str, Any], tmp_path: Pat
             # A large batch, read by the executors' tasks through the log read service; one executor is killed
             # while the stream goes on: Spark reruns its tasks elsewhere, nothing is lost or doubled.
             assert not any(str(process.data_dir) in str(work) for work in cluster.worker_dirs)
-            assert post_array(process, [event(i, 2) for i in range(1_000, 1_000 + LARGE_BATCH)]) == 200
+            assert post_array(process, [event(i, 2) for i in range(100_000, 100_000 + LARGE_BATCH)]) == 200
             wait_for(lambda: settled(process, 300 + LARGE_BATCH), timeout=300, message="the large batch")
             served = re.findall(r'headrace_log_read_requests_total\{action="records",status="200"\} (\S+)',
                                 metrics(process))
@@ -99,14 +99,14 @@ def test_webhook_view_select_exactly_once(master: tuple[str, Any], tmp_path: Pat
             assert executors
             os.kill(executors[0], signal.SIGKILL)
             assert post_array(process, [event(i, 3) for i in range(2_000, 3_000)]) == 200
-            expected = 300 + LARGE_BATCH
+            expected = 300 + LARGE_BATCH + 1_000
         else:
             assert post_array(process, [event(i, 3) for i in range(2_000, 3_000)]) == 200
             expected = 300 + 1_000
         wait_for(lambda: settled(process, expected), timeout=300, message=f"the view over {expected} rows")
 
         # kill -9 of the server while webhooks stream in; whatever was not acknowledged is sent again
-        stream = [event(i, 4) for i in range(5_000, 5_600)]
+        stream = [event(i, 4) for i in range(200_000, 202_000)]  # ids of their own: new rows
         sent: list[bool] = []
         sender = threading.Thread(target=lambda: sent.extend(
             asyncio.run(post_all_acknowledged(process.webhook_url("ev"), stream))))  # one row each

@@ -10,6 +10,7 @@ message saying what to install, raised before any query starts."""
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 from headrace import __version__
@@ -57,7 +58,10 @@ def check_connect_server(spark: Any) -> None:
     from pyspark.sql.functions import lit, udf
 
     try:
-        answer = spark.range(1).select(udf(_probe_function(), "string")(lit(1))).first()[0]
+        with warnings.catch_warnings():  # pyspark asks for type hints it could infer a pandas UDF from: a plain one
+            warnings.simplefilter("ignore", UserWarning)
+            probe = udf(_probe_function(), "string")
+        answer = spark.range(1).select(probe(lit(1))).first()[0]
     except Exception as error:  # noqa: BLE001 - any failure to run Python on the server side is the same problem
         first_line = (str(error).strip().splitlines() or [""])[0][:300]
         raise BadSparkMaster(f"the Spark Connect server cannot run the pipeline's Python code: {first_line}") from error

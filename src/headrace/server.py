@@ -225,7 +225,7 @@ async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, 
         token = write_token(layout.root)
         log_service = LogReadService(layout.root / "logs", token)
         log_server = await start_log_read_service(log_service, config.advertise_host, config.log_service_port)
-        register_metrics(http_app, LogReadCollector(log_service))
+        register_metrics(http_app, LogReadCollector(log_service))  # type: ignore[arg-type]  # a duck-typed collector
     fatal: list[str] = []
 
     def pipeline_cannot_start(message: str) -> None:

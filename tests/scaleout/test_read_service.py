@@ -123,7 +123,8 @@ def test_authentication(logs: Path) -> None:
     ("GET", "/log/v1/u1/records", {"start": "10", "end": "5"}, 400),
     ("GET", "/log/v1/..%2F..%2Fetc/end", {"start": "0"}, 400),  # never a path outside the logs
     ("GET", "/log/v1/../end", {"start": "0"}, 400),
-    ("GET", "/log/v1/u9/end", {"start": "0"}, 404),
+    ("GET", "/log/v1/u9/records", {"start": "0", "end": "0"}, 404),
+    ("POST", "/log/v1/u9/records-at", {}, 404),
     ("GET", "/log/v1/u1/delete", {}, 404),
     ("GET", "/elsewhere", {}, 404),
     ("POST", "/log/v1/u1/end", {"start": "0"}, 405),
@@ -133,6 +134,12 @@ def test_bad_requests(logs: Path, method: str, path: str, query: dict[str, str],
     reply = LogReadService(logs, TOKEN).respond(method, path, query, f"Bearer {TOKEN}")
     assert reply.status == status, _body(reply)
     assert _body(reply).strip()  # a message says what is wrong
+
+
+def test_a_log_not_made_yet_ends_where_it_starts(logs: Path) -> None:
+    """As reading the files: the pipeline may ask before the log's directory exists, and must not fail for it."""
+    reply = _get(LogReadService(logs, TOKEN), "/log/v1/u9/end", start=0, max_records=10)
+    assert json.loads(_body(reply)) == {"end": 0, "boundaries": []}
 
 
 def test_a_range_that_is_not_whole_records_fails(logs: Path) -> None:

@@ -15,9 +15,9 @@ Protocol (version 1; every request carries `Authorization: Bearer <token>`):
          200 Arrow stream as above, one row per offset in request order: the rows a batch replaces
          (pipeline/view_changes.read_replaced); 404 if no record starts at one of them.
 
-    {log} is the source's or table's id (its directory under <data-dir>/logs). Errors are text/plain:
-    400 a malformed parameter or log id; 401 no bearer token (with WWW-Authenticate); 403 a wrong one; 404 an
-    unknown log or path; 405 another method; 413 too many offsets; 500 a log that does not hold whole records there.
+    {log} is the source's or table's id (its directory under <data-dir>/logs; /end of one with no directory yet
+    answers end = start, as reading the files would). Errors are text/plain: 400 a malformed parameter or log id;
+    401 no bearer token (with WWW-Authenticate); 403 a wrong one; 404 an unknown log (records) or path; 405 another method; 413 too many offsets; 500 a log that does not hold whole records there.
 
 Why raw records and not the decoded columns log_source.py yields: the server only checks checksums and copies
 bytes (its CPU is the webhooks'), the decoding (JSON headers, fields) runs where Spark runs and scales with it, and
@@ -178,7 +178,7 @@ class LogReadService:
         if method != expected_method:
             return _error(405, f"{action} takes {expected_method}", Allow=expected_method)
         directory = self.logs_root / log_id
-        if not directory.is_dir():
+        if not directory.is_dir() and action != "end":  # /end of a log not made yet is its start, as for the files
             return _error(404, f"no log {log_id}")
         access = FileLogAccess(directory)
         try:

@@ -111,6 +111,8 @@ SESSION_CONF = {
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.streaming.noDataMicroBatches.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
+    "spark.sql.streaming.checkpointFileManagerClass":  # see build_spark
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
 }
 
 

@@ -19,7 +19,17 @@ def main(argv: list[str] | None = None) -> None:
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--pg-port", type=int, default=6875)
     up.add_argument("--http-port", type=int, default=6876)
-    up.add_argument("--spark-master", default="local[*]")
+    up.add_argument("--spark-master", default=None,
+                    help="where the pipeline runs: local[N] (default local[*]), spark://host:port (a standalone "
+                         "cluster), sc://host:port (a Spark Connect server; also env SPARK_REMOTE), yarn, k8s://...; "
+                         "checked at start (docs/deploy.md)")
+    up.add_argument("--advertise-host", default="127.0.0.1",
+                    help="the address Spark executors, a remote driver or a Spark Connect server reach this server "
+                         "at (its log read service and materialization driver listen there; default 127.0.0.1: Spark "
+                         "runs on this host)")
+    up.add_argument("--log-service-port", type=int, default=0,
+                    help="port of the log read service Spark reads the logs through when the master is not local "
+                         "(default: a free one)")
     up.add_argument("--tls-cert", type=Path, help="PEM certificate (chain) for pgwire TLS; needs --tls-key")
     up.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     up.add_argument("--auth", default="loopback=trust,all=scram-sha-256",
@@ -150,19 +160,29 @@ def main(argv: list[str] | None = None) -> None:
                 or args.idle_session_timeout < 0 or args.max_statement_bytes < 1024:
             parser.error("--max-connections >= 1, --max-message-bytes >= 65536, --auth-timeout > 0, "
                          "--idle-session-timeout >= 0 and --max-statement-bytes >= 1024")
+        from headrace.pipeline.spark_master import BadSparkMaster, choose_master, parse_master
+
+        spark_master = choose_master(args.spark_master, os.environ.get("SPARK_REMOTE"))
+        try:
+            parse_master(spark_master)
+        except BadSparkMaster as exc:
+            parser.error(str(exc))
+        if not 0 <= args.log_service_port < 65536:
+            parser.error("--log-service-port must be a port number (0: a free one)")
         pg_limits_config = PgLimits(max_message_bytes=args.max_message_bytes, max_connections=args.max_connections,
                                     auth_timeout_s=args.auth_timeout, idle_session_timeout_s=args.idle_session_timeout)
 
         try:
             run(ServerConfig(data_dir=args.data_dir, host=args.host, pg_port=args.pg_port,
-                             http_port=args.http_port, spark_master=args.spark_master,
+                             http_port=args.http_port, spark_master=spark_master,
+                             advertise_host=args.advertise_host, log_service_port=args.log_service_port,
                              tls_cert=args.tls_cert, tls_key=args.tls_key, auth=args.auth,
                              webhook=webhook_settings, http=http_settings, store_threads=args.store_threads,
                              pg_limits=pg_limits_config, max_statement_bytes=args.max_statement_bytes,
                              insecure=args.insecure, allow_commands=tuple(args.allow_commands),
                              allow_directories=tuple(args.allow_directories), store_url=args.store,
                              serving_store=args.serving_store))
-        except (DataDirLocked, InsecureConfiguration, StoreUnavailable) as exc:
+        except (DataDirLocked, InsecureConfiguration, StoreUnavailable, BadSparkMaster) as exc:
             print(f"headrace: {exc}", file=sys.stderr)
             sys.exit(1)
         except OSError as exc:

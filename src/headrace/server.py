@@ -35,6 +35,9 @@ from headrace.pgwire.auth import insecure_trust_rules, parse_auth_rules
 from headrace.pgwire.limits import PgLimits, raise_open_file_limit
 from headrace.pgwire.security import SecurityConfig, make_tls_context
 from headrace.pgwire.server import start_pgwire_server
+from headrace.log.read_service import LogReadCollector, LogReadService, start_log_read_service, write_token
+from headrace.pipeline.spark_master import BadSparkMaster, check_reachable, parse_master
+from headrace.pipeline.status import PipelineCollector
 from headrace.pipeline.supervisor import PipelineSupervisor
 from headrace.sql import limits as sql_limits
 from headrace.sql.ddl import item_from_create_sql
@@ -56,6 +59,10 @@ class ServerConfig:
     pg_port: int = 6875
     http_port: int = 6876
     spark_master: str = "local[*]"
+    # The address Spark (executors, a remote driver, a Spark Connect server) reaches this server at: its log read
+    # service and materialization driver listen there (docs/deploy.md). Loopback: Spark runs on this host.
+    advertise_host: str = "127.0.0.1"
+    log_service_port: int = 0  # the log read service's port (0: a free one); started for non-local masters only
     tls_cert: Path | None = None  # with tls_key: SSLRequest is answered 'S'
     tls_key: Path | None = None
     auth: str = "loopback=trust,all=scram-sha-256"  # pgwire authentication rules (pgwire/auth.py)
@@ -152,6 +159,8 @@ def check_listen_security(config: ServerConfig) -> None:
 
 async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     check_listen_security(config)
+    # A bad or unreachable master fails `headrace up` now, before anything is served (BadSparkMaster).
+    await asyncio.to_thread(check_reachable, parse_master(config.spark_master))
     sql_limits.configure(config.max_statement_bytes)
     # current_setting('max_connections') answers what this server enforces (pgwire/limits.py).
     STATIC_SETTINGS["max_connections"] = str(config.pg_limits.max_connections)
@@ -207,10 +216,27 @@ async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, 
     apply_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="headrace-apply",
                                         initializer=lower_apply_thread_priority)
     transactor_factory, connector = _serving_driver(store)
-    driver_server = await start_driver_server("127.0.0.1", 0, transactor_factory, executor=apply_executor,
+    master = parse_master(config.spark_master)
+    driver_server = await start_driver_server(config.advertise_host, 0, transactor_factory, executor=apply_executor,
                                               connector=connector)
-    driver_address = driver_server.sockets[0].getsockname()[:2]
-    supervisor = PipelineSupervisor(layout.root, config.spark_master, driver_address)
+    driver_address = (config.advertise_host, driver_server.sockets[0].getsockname()[1])
+    log_server = None  # Spark elsewhere reads the logs through it (log/read_service.py); local mode reads the files
+    if not master.is_local:
+        token = write_token(layout.root)
+        log_service = LogReadService(layout.root / "logs", token)
+        log_server = await start_log_read_service(log_service, config.advertise_host, config.log_service_port)
+        register_metrics(http_app, LogReadCollector(log_service))  # type: ignore[arg-type]  # a duck-typed collector
+    fatal: list[str] = []
+
+    def pipeline_cannot_start(message: str) -> None:
+        fatal.append(message)
+        stop.set()
+
+    supervisor = PipelineSupervisor(
+        layout.root, config.spark_master, driver_address,
+        log_service=(f"http://{config.advertise_host}:{log_server.address[1]}", token) if log_server else None,
+        on_fatal=pipeline_cannot_start)
+    register_metrics(http_app, PipelineCollector(supervisor.status))
     host_access = HostAccess.from_options(config.allow_commands, config.allow_directories, layout.root)
     coordinator = Coordinator(catalog, resources, executor, supervisor.update, roles=roles,
                               system_tables=SystemTables(registry, supervisor.status),
@@ -251,6 +277,8 @@ async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, 
         await supervisor.stop()
         await coordinator.sink_manager.close()  # each sink's commit in flight is awaited
         driver_server.close()
+        if log_server is not None:
+            await log_server.close()
         await registry.close_all()
         await coordinator.tables.close_all()
         executor.shutdown(wait=True)
@@ -258,6 +286,8 @@ async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, 
         if isinstance(store, PostgresServingStore):
             close_reader_pool(store)  # SUBSCRIBE's reader connections (coordinator/subscribe_postgres.py)
         store.close()
+    if fatal:
+        raise BadSparkMaster(fatal[0])
 
 
 def _serving_driver(store: ServingStore | PostgresServingStore) -> tuple[TransactorFactory, Connector]:

@@ -1,8 +1,9 @@
 """A Spark streaming data source over one source's durable log (Python Data Source API).
 
 Offsets are the log's byte offsets. The driver-side reader finds the end of the complete records
-(`latestOffset`); executors read their offset range straight from the log files (`read`), so the
-server process shares nothing with Spark but the files.
+(`latestOffset`); executors read their offset range (`read`). Both go through a LogAccess (log/access.py): the log
+files themselves in local mode (the same host), else the headrace server's log read service over the network
+(log/read_service.py; options `service`, `token`, `log`), so Spark shares nothing with the server but the network.
 
 Bounded micro-batches: `latestOffset` offers at most `maxRecordsPerBatch` records past the end it offered
 last, so a backlog is eaten in bounded batches (freshness of what arrives meanwhile, bounded memory) instead
@@ -21,7 +22,6 @@ Python->JVM conversion per few thousand records instead of per row."""
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from pathlib import Path
@@ -31,8 +31,9 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.datasource_internal import _SimpleStreamReaderWrapper
 
-from headrace.log.reader import read_records, scan_end
-from headrace.log.segments import CLEAN_ENDS, FrameScanner, list_segments, segment_path
+from headrace.log.access import BOUNDARY_EVERY, FileLogAccess, LogAccess
+from headrace.log.access import scan_capped as access_scan_capped
+from headrace.log.read_client import log_access_from_options
 from headrace.webhook.record import decode_fields
 
 RECORD_FRAME_BYTES = 8  # u32 length + u32 crc32 before each payload
@@ -45,7 +46,6 @@ ARROW_SCHEMA = pa.schema([("log_offset", pa.int64()), ("next_offset", pa.int64()
                           ("body", pa.binary())])
 DEFAULT_MAX_RECORDS_PER_BATCH = 100_000
 DEFAULT_PARTITIONS = 2  # local[2]: both cores decode the batch
-BOUNDARY_EVERY = 2_048  # records between remembered record boundaries (where a batch may be split)
 # A partition is a Spark task running `read` in a Python worker: ~0.1 CPU-s of fixed cost each on a loaded local[2]
 # (measured: 6,000 records cost 0.67-0.73 CPU-s in one partition, 0.76-0.86 in two), so small batches stay whole.
 MIN_RECORDS_PER_PARTITION = 16_384
@@ -60,41 +60,16 @@ class LogRange(InputPartition):
 
 def scan_capped(directory: Path, start: int, max_records: int,
                 boundary_every: int = BOUNDARY_EVERY) -> tuple[int, list[int]]:
-    """(end, boundaries): the offset past at most `max_records` complete, checksum-valid records from `start`
-    (as `scan_end`, which this equals when fewer records exist), and record boundaries every `boundary_every`
-    records in between."""
-    bases = list_segments(directory)
-    index = bisect.bisect_right(bases, start) - 1
-    if index < 0:
-        return start, []
-    position, count, boundaries = start, 0, []
-    while index < len(bases):
-        base = bases[index]
-        try:
-            file = open(segment_path(directory, base), "rb")
-        except FileNotFoundError:
-            return position, boundaries
-        with file:
-            scanner = FrameScanner(file, position - base)
-            for frame_position, payload in scanner.frames():
-                position = base + frame_position + RECORD_FRAME_BYTES + len(payload)
-                count += 1
-                if count >= max_records:
-                    return position, boundaries
-                if count % boundary_every == 0:
-                    boundaries.append(position)
-        position = base + scanner.position
-        next_index = index + 1
-        if scanner.stop_reason not in CLEAN_ENDS or next_index >= len(bases) or bases[next_index] != position:
-            return position, boundaries
-        index = next_index
-    return position, boundaries
+    """log/access.scan_capped (kept here for its callers)."""
+    return access_scan_capped(directory, start, max_records, boundary_every)
 
 
-def arrow_batches(directory: Path, start: int, end: int) -> Iterator[pa.RecordBatch]:
+def arrow_batches(log: Path | LogAccess, start: int, end: int) -> Iterator[pa.RecordBatch]:
     """The records in [start, end) as Arrow record batches of ARROW_SCHEMA, in log order."""
+    access = FileLogAccess(log) if isinstance(log, Path) else log
+
     def rows() -> Iterator[tuple[Any, ...]]:
-        for offset, payload in read_records(directory, start, end):
+        for offset, payload in access.records(start, end):
             received_at_us, key, header_text, body, prev_offset = decode_fields(payload)
             yield offset, offset + RECORD_FRAME_BYTES + len(payload), prev_offset, received_at_us, key, header_text, body
 
@@ -122,9 +97,9 @@ class DriverSideReads(_SimpleStreamReaderWrapper):
 
 
 class LogStreamReader(DriverSideReads):
-    def __init__(self, path: str, start_offset: int, resume_offset: int | None = None,
+    def __init__(self, log: str | LogAccess, start_offset: int, resume_offset: int | None = None,
                  max_records: int = DEFAULT_MAX_RECORDS_PER_BATCH, partitions: int = DEFAULT_PARTITIONS) -> None:
-        self.path = path
+        self.log: LogAccess = FileLogAccess(Path(log)) if isinstance(log, str) else log
         self.start_offset = start_offset
         self.max_records = max_records
         self.partition_count = max(1, partitions)
@@ -136,15 +111,13 @@ class LogStreamReader(DriverSideReads):
         return {"offset": self.start_offset}
 
     def latestOffset(self) -> dict[str, int]:
-        directory = Path(self.path)
-        if directory.exists():
-            if self.max_records > 0:
-                end, boundaries = scan_capped(directory, self._offered, self.max_records)
-                if end > self._offered:
-                    self._boundaries = [b for b in self._boundaries if b <= self._offered] + boundaries
-                self._offered = max(self._offered, end)
-            else:
-                self._offered = max(self._offered, scan_end(directory, self._offered))
+        if self.max_records > 0:
+            end, boundaries = self.log.scan_capped(self._offered, self.max_records)
+            if end > self._offered:
+                self._boundaries = [b for b in self._boundaries if b <= self._offered] + boundaries
+            self._offered = max(self._offered, end)
+        else:
+            self._offered = max(self._offered, self.log.scan_end(self._offered))
         return {"offset": self._offered}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
@@ -165,7 +138,7 @@ class LogStreamReader(DriverSideReads):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LogRange)
-        return arrow_batches(Path(self.path), partition.start, partition.end)
+        return arrow_batches(self.log, partition.start, partition.end)
 
     def getCache(self, start: dict[str, int], end: dict[str, int]) -> Iterator[pa.RecordBatch] | None:  # type: ignore[override]
         """A one-partition batch, read here in the driver-side Python process (see module docstring); None for a
@@ -173,7 +146,7 @@ class LogStreamReader(DriverSideReads):
         first, last = start["offset"], end["offset"]
         if last <= first or len(self.partitions(start, end)) != 1:
             return None
-        return iter(list(arrow_batches(Path(self.path), first, last)))
+        return iter(list(arrow_batches(self.log, first, last)))
 
     def commit(self, end: dict[str, int]) -> None:
         """Boundaries before the committed end are no longer needed (log retention comes with the window)."""
@@ -182,8 +155,9 @@ class LogStreamReader(DriverSideReads):
 
 
 class HeadraceLogSource(DataSource):
-    """Options: path, startOffset (a fresh checkpoint starts here), resumeOffset (where the last committed batch
-    ended; caps count from here after a restart), maxRecordsPerBatch (0: unbounded), partitions."""
+    """Options: path (the log's directory, local mode) or service + token + log (the log read service's address,
+    its token and the log's id), startOffset (a fresh checkpoint starts here), resumeOffset (where the last
+    committed batch ended; caps count from here after a restart), maxRecordsPerBatch (0: unbounded), partitions."""
 
     @classmethod
     def name(cls) -> str:
@@ -195,7 +169,7 @@ class HeadraceLogSource(DataSource):
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         options = self.options
         resume = options.get("resumeOffset")
-        return LogStreamReader(options["path"], int(options.get("startOffset", "0")),
+        return LogStreamReader(log_access_from_options(options), int(options.get("startOffset", "0")),
                                int(resume) if resume is not None else None,
                                int(options.get("maxRecordsPerBatch", str(DEFAULT_MAX_RECORDS_PER_BATCH))),
                                int(options.get("partitions", str(DEFAULT_PARTITIONS))))

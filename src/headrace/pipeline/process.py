@@ -26,6 +26,8 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from headrace.catalog.items import WebhookSource
 from headrace.catalog.views import MaterializedView
+from headrace.log.read_client import RemoteLogAccess
+from headrace.log.read_service import TOKEN_ENV
 from headrace.materialize.protocol import MaterializationSpec
 from headrace.materialize.reduce import combine_lww, reducer_for_schema
 from headrace.materialize.runtime import Runtime, RpcDriverConnection
@@ -33,6 +35,7 @@ from headrace.materialize.sources import source_binding
 from headrace.materialize.transport import FrameSocket
 from headrace.pipeline.batches import SLOW_BATCH_S, SourceBatches, discard_checkpoint_ahead_of_store
 from headrace.pipeline.log_source import HeadraceLogSource
+from headrace.pipeline.spark_master import BadSparkMaster, check_reachable, parse_master
 from headrace.pipeline.status import one_line_error, status_row
 from headrace.pipeline.view_changes import SourceView, backfill_documents, compile_source_views, derived_bindings
 from headrace.sql.ddl import item_from_create_sql
@@ -69,13 +72,14 @@ class QueryKind:
     binding: Callable[[Any], Any]
     derived: Callable[[Any, list[SourceView]], list[Any]]  # (spark, views) -> views over views
     backfill_documents: Callable[[Any, Any, Path, int, list[SourceView]], list[Any]]  # (spark, item, log, end, views)
-    batches: Callable[[Any, Runtime, str, int, list[SourceView], Path], Any]  # the foreachBatch function
-    read_stream: Callable[[Any, Path, int, dict[str, Any]], Any]  # (spark, log dir, start offset, stored) -> frame
+    batches: Callable[[Any, Runtime, str, int, list[SourceView], Any], Any]  # the foreachBatch function (log: Path | LogAccess)
+    # (spark, the log's options (log_source.py: path, or service + token + log), start offset, stored) -> frame
+    read_stream: Callable[[Any, dict[str, str], int, dict[str, Any]], Any]
 
 
-def _read_source_log(spark: Any, log_dir: Path, start_offset: int, stored: dict[str, Any]) -> Any:
+def _read_source_log(spark: Any, log_options: dict[str, str], start_offset: int, stored: dict[str, Any]) -> Any:
     return (spark.readStream.format("headrace_log")
-            .option("path", str(log_dir))
+            .options(**log_options)
             .option("startOffset", str(start_offset))
             .option("resumeOffset", str(int(stored.get("log_end", start_offset))))  # log_source.py
             .load())
@@ -102,12 +106,24 @@ def views_by_source(sources: list[WebhookSource], views: list[MaterializedView])
     return grouped
 
 
+# Session settings that Spark Connect lets a client set (the rest of build_spark's are the Connect server's own).
+SESSION_CONF = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.streaming.checkpointFileManagerClass":  # see build_spark
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
+}
+
+
 def build_spark(master: str, data_dir: Path) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_AUTH_SOCKET_TIMEOUT", "120")  # the same, for workers the conf does not reach
     from pyspark.sql import SparkSession
 
+    if parse_master(master).is_connect:
+        return build_connect_session(master)
     spark = (
         SparkSession.builder.master(master)
         .appName("headrace-pipeline")
@@ -127,16 +143,38 @@ def build_spark(master: str, data_dir: Path) -> Any:
         # default); with a dozen sources on 2 busy cores it took longer, and the stream hung unstarted.
         .config("spark.python.authenticate.socketTimeout", "120s")
         .config("spark.local.dir", str(data_dir / "pipeline" / "tmp"))
+        # Executors on other machines run this Python (default: the pipeline's own path, which must exist there).
+        .config("spark.pyspark.python", os.environ.get("HEADRACE_EXECUTOR_PYTHON") or sys.executable)
         .config("spark.sql.warehouse.dir", str(data_dir / "pipeline" / "warehouse"))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
+    _register_sources(spark)
+    if "HEADRACE_SLOW_BATCH_S" in os.environ:  # diagnostics only: see SlowTriggerLog
+        spark.streams.addListener(SlowTriggerLog())
+    return spark
+
+
+def _register_sources(spark: Any) -> None:
     spark.dataSource.register(HeadraceLogSource)
     from headrace.pipeline.table_batches import HeadraceTableLogSource  # tables' logs
 
     spark.dataSource.register(HeadraceTableLogSource)
-    if "HEADRACE_SLOW_BATCH_S" in os.environ:  # diagnostics only: see SlowTriggerLog
-        spark.streams.addListener(SlowTriggerLog())
+
+
+def build_connect_session(url: str) -> Any:
+    """A Spark Connect session (the server was started by someone else), checked first: the foreachBatch code and
+    the Python data sources run in the Connect server's Python workers, which need the same Python minor version
+    and headrace importable (connect_check.py)."""
+    from pyspark.sql import SparkSession
+
+    from headrace.pipeline.connect_check import check_connect_server
+
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    for key, value in SESSION_CONF.items():
+        spark.conf.set(key, value)
+    check_connect_server(spark)
+    _register_sources(spark)
     return spark
 
 
@@ -164,11 +202,41 @@ class SlowTriggerLog(StreamingQueryListener):
         pass
 
 
+@dataclass(frozen=True)
+class LogService:
+    """The headrace server's log read service (log/read_service.py), which Spark reads the logs through when it
+    may run elsewhere (any master but local[...])."""
+    url: str  # http://host:port
+    token: str
+
+
+def open_runtime(kind: QueryKind, source: Any, source_views: list[SourceView], driver_address: tuple[str, int],
+                 spark: Any) -> Runtime:
+    """A (not yet opened) runtime for a source's or table's materialization: its binding, then its views'."""
+    spec = MaterializationSpec(name=source.materialization,
+                               bindings=(kind.binding(source), *(v.binding for v in source_views)))
+    return Runtime(RpcDriverConnection(*driver_address), spec,
+                   reducers=[combine_lww, *(reducer_for_schema(v.plan.reduce_schema) for v in source_views)],
+                   finalizers=[None, *(v.plan.finalize for v in source_views)],
+                   derived=kind.derived(spark, source_views))  # views over views
+
+
+def query_kind(item: Any) -> QueryKind:
+    if getattr(item, "kind", None) == "table":  # a table's log and records (pipeline/table_batches.py)
+        from headrace.pipeline.table_batches import TABLE_QUERY
+
+        return TABLE_QUERY
+    return SOURCE_QUERY
+
+
 class Pipeline:
-    def __init__(self, spark: Any, data_dir: Path, driver_address: tuple[str, int]) -> None:
+    def __init__(self, spark: Any, data_dir: Path, driver_address: tuple[str, int],
+                 log_service: LogService | None = None, connect: bool = False) -> None:
+        self.connect = connect  # Spark Connect: foreachBatch runs on the server's side (connect_batches.py)
         self.spark = spark
         self.data_dir = data_dir
         self.driver_address = driver_address
+        self.log_service = log_service  # None: the log files are read directly (local mode)
         self.running: dict[str, RunningSource] = {}
         self.failures: dict[str, int] = {}
         self.unstarted: dict[str, tuple[WebhookSource, list[MaterializedView]]] = {}  # start failed: retried
@@ -198,9 +266,7 @@ class Pipeline:
             self.last_errors[source.id] = (one_line_error(exc), time.time())
 
     def start_source(self, source: WebhookSource, views: list[MaterializedView] | None = None) -> None:
-        kind = SOURCE_QUERY
-        if getattr(source, "kind", None) == "table":  # a table's log and records (pipeline/table_batches.py)
-            from headrace.pipeline.table_batches import TABLE_QUERY as kind
+        kind = query_kind(source)
         views = list(views or [])
         checkpoint_dir = self.data_dir / "pipeline" / "checkpoints" / source.materialization
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -210,12 +276,7 @@ class Pipeline:
         source_views, failed = kind.compile_views(source, views)
         for view, error in failed:
             log.error("materialized view %s cannot be maintained: %s", view.name, error)
-        spec = MaterializationSpec(name=source.materialization,
-                                   bindings=(kind.binding(source), *(v.binding for v in source_views)))
-        runtime = Runtime(RpcDriverConnection(*self.driver_address), spec,
-                          reducers=[combine_lww, *(reducer_for_schema(v.plan.reduce_schema) for v in source_views)],
-                          finalizers=[None, *(v.plan.finalize for v in source_views)],
-                          derived=kind.derived(self.spark, source_views))  # views over views
+        runtime = open_runtime(kind, source, source_views, self.driver_address, self.spark)
         try:
             stored = runtime.open() or {}
             if discard_checkpoint_ahead_of_store(checkpoint_dir, epoch, stored):  # pipelined commits: batches.py
@@ -228,8 +289,18 @@ class Pipeline:
                 start_offset = int(stored.get("log_end", 0))
             if stored:
                 self._backfill(source, runtime, stored, source_views, log_dir, kind)
-            batches = kind.batches(source, runtime, epoch, committed_batch_id, source_views, log_dir)
-            frame = kind.read_stream(self.spark, log_dir, start_offset, stored)
+            if self.connect:
+                # foreachBatch runs on the Connect server: it opens a runtime of its own there (fencing this one,
+                # closed now), so nothing here but the query's handle lives on.
+                from headrace.pipeline.connect_batches import RemoteBatches
+
+                runtime.close()
+                batches = RemoteBatches(source.id, source.create_sql, [view.to_entry() for view in views],
+                                        self.driver_address, epoch, self.log_access(source.id, log_dir))
+            else:
+                batches = kind.batches(source, runtime, epoch, committed_batch_id, source_views,
+                                       self.log_access(source.id, log_dir))
+            frame = kind.read_stream(self.spark, self.log_options(source.id, log_dir), start_offset, stored)
             query = (frame.writeStream.foreachBatch(batches)
                      .option("checkpointLocation", str(checkpoint_dir))
                      .queryName(source.materialization)
@@ -241,6 +312,20 @@ class Pipeline:
         self.running[source.id] = RunningSource(source, views, query, runtime, time.monotonic(), batches)
         log.warning("started %s (%s) with %d views from epoch %s, committed batch %d", source.name,
                     source.materialization, len(source_views), epoch, committed_batch_id)
+
+    def log_options(self, log_id: str, log_dir: Path) -> dict[str, str]:
+        """How the data source reaches a log: its directory, or the log read service (log_source.py's options)."""
+        if self.log_service is None:
+            return {"path": str(log_dir)}
+        # Spark redacts options named like *token* from plans and logs (spark.redaction.regex).
+        return {"service": self.log_service.url, "token": self.log_service.token, "log": log_id}
+
+    def log_access(self, log_id: str, log_dir: Path) -> Path | RemoteLogAccess:
+        """Where foreachBatch reads replaced rows from (view_changes.read_replaced): with Spark Connect it runs on the
+        Connect server, so through the service as the data source does."""
+        if self.log_service is None:
+            return log_dir
+        return RemoteLogAccess(self.log_service.url, self.log_service.token, log_id)
 
     def _backfill(self, source: WebhookSource, runtime: Runtime, stored: dict[str, Any],
                   views: list[SourceView], log_dir: Path, kind: QueryKind = SOURCE_QUERY) -> None:
@@ -354,12 +439,17 @@ def _parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+EXIT_BAD_MASTER = 3  # the supervisor does not restart a pipeline that exits with this before it was ever ready
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="headrace-pipeline")
     parser.add_argument("--control", required=True)
     parser.add_argument("--driver", required=True)
     parser.add_argument("--data-dir", required=True, type=Path)
     parser.add_argument("--spark-master", default="local[*]")
+    parser.add_argument("--log-service", help="http://host:port of the server's log read service (token: env "
+                                              f"{TOKEN_ENV}); used for every master but local[...]")
     args = parser.parse_args(argv)
     _die_with_parent()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s pipeline %(levelname)s %(message)s")
@@ -371,8 +461,21 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
-    spark = build_spark(args.spark_master, args.data_dir)
-    pipeline = Pipeline(spark, args.data_dir, _parse_address(args.driver))
+    try:
+        master = parse_master(args.spark_master)
+        check_reachable(master)
+        spark = build_spark(args.spark_master, args.data_dir)
+    except BadSparkMaster as error:
+        log.error("%s", error)
+        control.send({"type": "fatal", "message": str(error)})
+        control.close()
+        sys.exit(EXIT_BAD_MASTER)
+    log_service = None
+    if not master.is_local:
+        if not args.log_service or not os.environ.get(TOKEN_ENV):
+            raise SystemExit(f"--spark-master {master.url} needs --log-service and {TOKEN_ENV}")
+        log_service = LogService(args.log_service, os.environ[TOKEN_ENV])
+    pipeline = Pipeline(spark, args.data_dir, _parse_address(args.driver), log_service, connect=master.is_connect)
     control.send({"type": "ready"})
     reported: list[dict[str, Any]] = []
     try:

@@ -11,14 +11,31 @@
 The pipeline process sends a report over its control connection whenever it changes (`report`, in the process;
 `PipelineStatus.update`, in the server). Only the server's memory holds it: after a restart the pipeline reports
 again within a second of starting each source. A failing source still takes webhooks (the log decouples them);
-this relation is where that shows."""
+this relation is where that shows.
+
+The pipeline process itself, as the supervisor sees it, is `headrace_internal.pipeline_status` (one row):
+
+    spark_master    text         --spark-master (or SPARK_REMOTE)
+    state           text         starting | running | restarting (it exited; restarted with backoff) | failed
+                                 (it cannot start on this master: the server exits)
+    restarts        bigint       times the pipeline process exited and was restarted since the server started
+    last_error      text         why it last exited (its last logged error, one line)
+    last_error_at   timestamptz
+    started_at      timestamptz  when the running (or starting) pipeline process was started
+
+and in /metrics: headrace_pipeline_up (1 while running), headrace_pipeline_restarts_total, and
+headrace_pipeline_sources{state} (sources per state of source_status)."""
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 STATUS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("source", "VARCHAR"), ("materialization", "VARCHAR"), ("state", "VARCHAR"), ("failures", "BIGINT"),
@@ -54,12 +71,46 @@ def status_row(source: str, materialization: str, failures: int, last_error: str
             "last_error": last_error, "last_error_at": last_error_at, "last_batch_at": last_batch_at}
 
 
+PIPELINE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("spark_master", "VARCHAR"), ("state", "VARCHAR"), ("restarts", "BIGINT"), ("last_error", "VARCHAR"),
+    ("last_error_at", "TIMESTAMPTZ"), ("started_at", "TIMESTAMPTZ"),
+)
+
+
 class PipelineStatus:
-    """The server's copy of the pipeline's latest report (thread-safe: read by queries on other threads)."""
+    """The server's copy of the pipeline's latest report, and of the pipeline process's own state (thread-safe:
+    read by queries on other threads)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rows: list[dict[str, Any]] = []
+        self._process: dict[str, Any] = {"spark_master": None, "state": "starting", "restarts": 0,
+                                         "last_error": None, "last_error_at": None, "started_at": None}
+
+    def pipeline_starting(self, spark_master: str) -> None:
+        with self._lock:
+            if self._process["state"] != "restarting":
+                self._process["state"] = "starting"
+            self._process.update(spark_master=spark_master, started_at=time.time())
+
+    def pipeline_ready(self) -> None:
+        with self._lock:
+            self._process["state"] = "running"
+
+    def pipeline_exited(self, code: int | None, error: str | None, fatal: bool = False) -> None:
+        with self._lock:
+            self._process.update(state="failed" if fatal else "restarting", last_error=error,
+                                 last_error_at=time.time())
+            if not fatal:
+                self._process["restarts"] += 1
+
+    def pipeline(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._process)
+
+    def pipeline_rows(self) -> list[tuple[Any, ...]]:
+        row = self.pipeline()
+        return [tuple(_microseconds(row[name]) if name.endswith("_at") else row[name] for name, _ in PIPELINE_COLUMNS)]
 
     def update(self, rows: Iterable[dict[str, Any]]) -> None:
         with self._lock:
@@ -82,3 +133,25 @@ class PipelineStatus:
 
 def _microseconds(seconds: float | None) -> int | None:
     return None if seconds is None else int(seconds * 1_000_000)
+
+
+class PipelineCollector(Collector):
+    """The pipeline's state on GET /metrics, read at scrape time."""
+
+    def __init__(self, status: PipelineStatus) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        process = self._status.pipeline()
+        yield GaugeMetricFamily("headrace_pipeline_up", "1 while the pipeline process runs and has a Spark session.",
+                                value=1 if process["state"] == "running" else 0)
+        yield CounterMetricFamily("headrace_pipeline_restarts", "Times the pipeline process exited and was restarted.",
+                                  value=process["restarts"])
+        sources = GaugeMetricFamily("headrace_pipeline_sources", "Sources and tables by pipeline state "
+                                    "(headrace_internal.source_status).", labels=["state"])
+        counts = {"running": 0, "failing": 0, "starting": 0}
+        for row in self._status.snapshot():
+            counts[str(row.get("state"))] = counts.get(str(row.get("state")), 0) + 1
+        for state, count in sorted(counts.items()):
+            sources.add_metric([state], count)
+        yield sources

@@ -10,12 +10,14 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from headrace.catalog.items import WebhookSource
 from headrace.catalog.views import MaterializedView
+from headrace.log.read_service import TOKEN_ENV
 from headrace.materialize.transport import read_frame, write_frame
-from headrace.pipeline.status import PipelineStatus
+from headrace.pipeline.status import PipelineStatus, one_line_error
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +42,24 @@ def _lower_priority() -> None:
         os.nice(int(PIPELINE_PRIORITY))
 
 
+EXIT_BAD_MASTER = 3  # pipeline/process.py: the master URL is bad or cannot be reached (not restarted)
+
+
 class PipelineSupervisor:
-    def __init__(self, data_dir: Path, spark_master: str, driver_address: tuple[str, int]) -> None:
+    def __init__(self, data_dir: Path, spark_master: str, driver_address: tuple[str, int],
+                 log_service: tuple[str, str] | None = None,
+                 on_fatal: Callable[[str], None] | None = None) -> None:
+        """`log_service`: (http://host:port, token) of the log read service, for masters other than local[...];
+        `on_fatal(message)`: the pipeline cannot start at all (a bad or unreachable master): not restarted, the
+        server is told (it exits: `headrace up` fails fast)."""
         self.data_dir = data_dir
         self.spark_master = spark_master
         self.driver_address = driver_address
+        self.log_service = log_service
+        self.on_fatal = on_fatal
+        self.fatal: str | None = None
+        self._fatal_message: str | None = None  # what the pipeline said before exiting with EXIT_BAD_MASTER
+        self._ever_ready = False
         self._sources: list[WebhookSource] = []
         self._views: list[MaterializedView] = []  # maintained in their input source's transactions
         self._generation = 0
@@ -102,6 +117,14 @@ class PipelineSupervisor:
             self.ready.clear()
             if self._stopping:
                 return
+            if code == EXIT_BAD_MASTER and not self._ever_ready:
+                await asyncio.sleep(0.2)  # its last control message (what is wrong) may still be on its way
+                self.fatal = self._fatal_message or f"the pipeline cannot start on --spark-master {self.spark_master}"
+                log.error("pipeline: %s", self.fatal)
+                self.status.pipeline_exited(code, self.fatal, fatal=True)
+                if self.on_fatal is not None:
+                    self.on_fatal(self.fatal)
+                return
             ran_for = asyncio.get_running_loop().time() - started
             failures = 0 if ran_for > 60 else failures + 1
             delay = min(RESTART_BACKOFF_MAX_S, 0.5 * 2 ** failures)
@@ -115,14 +138,21 @@ class PipelineSupervisor:
         log_dir = self.data_dir / "pipeline"
         log_dir.mkdir(parents=True, exist_ok=True)
         output = open(log_dir / "pipeline.log", "ab")
+        service_args: list[str] = []
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        if self.driver_address[0] in ("127.0.0.1", "localhost", "::1"):
+            env["SPARK_LOCAL_IP"] = "127.0.0.1"  # else Spark binds where executors elsewhere can reach its driver
+        if self.log_service is not None:
+            service_args = ["--log-service", self.log_service[0]]
+            env[TOKEN_ENV] = self.log_service[1]  # not on the command line: ps shows that to every user
+        self.status.pipeline_starting(self.spark_master)
         try:
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "headrace.pipeline.process",
                 "--control", f"127.0.0.1:{control_port}",
                 "--driver", f"{self.driver_address[0]}:{self.driver_address[1]}",
-                "--data-dir", str(self.data_dir), "--spark-master", self.spark_master,
-                stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
-                env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
+                "--data-dir", str(self.data_dir), "--spark-master", self.spark_master, *service_args,
+                stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output, env=env,
                 preexec_fn=_lower_priority,
             )
         finally:
@@ -134,7 +164,11 @@ class PipelineSupervisor:
         try:
             while (message := await read_frame(reader)) is not None:
                 if message.get("type") == "ready":
+                    self._ever_ready = True
+                    self.status.pipeline_ready()
                     self.ready.set()
+                elif message.get("type") == "fatal":
+                    self._fatal_message = str(message.get("message"))
                 elif message.get("type") == "status":
                     self.status.update(message.get("sources") or [])
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -147,6 +181,8 @@ class PipelineSupervisor:
     def _note_exit(self, code: int | None) -> None:
         """Every source reads as failing until the restarted pipeline reports again."""
         now = time.time()
+        self.status.pipeline_exited(code, _last_error_line(self.data_dir / "pipeline" / "pipeline.log")
+                                    or f"pipeline process exited with {code}")
         self.status.update({**row, "state": "failing", "last_error": f"pipeline process exited with {code}",
                             "last_error_at": now} for row in self.status.snapshot())
 
@@ -160,3 +196,15 @@ class PipelineSupervisor:
             "sources": [{"id": source.id, "create_sql": source.create_sql} for source in self._sources],
             "views": [view.to_entry() for view in self._views],
         })
+
+
+def _last_error_line(log_file: Path, tail_bytes: int = 20_000) -> str | None:
+    """The last error the pipeline process logged before it exited (one line), for pipeline_status.last_error."""
+    try:
+        with open(log_file, "rb") as file:
+            file.seek(max(0, file.seek(0, os.SEEK_END) - tail_bytes))
+            text = file.read().decode(errors="replace")
+    except OSError:
+        return None
+    lines = [line for line in text.splitlines() if " ERROR " in line or "Error:" in line or "Exception:" in line]
+    return one_line_error(lines[-1]) if lines else None

@@ -21,7 +21,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from headrace.catalog.tables import Table
-from headrace.log.reader import read_records, scan_end
+from headrace.log.access import FileLogAccess, LogAccess
+from headrace.log.read_client import log_access_from_options
 from headrace.materialize.runtime import Runtime
 from headrace.pipeline.log_source import RECORD_FRAME_BYTES, DriverSideReads, record_batches
 from headrace.store.table_log import DELETE, Document, RowChange, decode_changes
@@ -44,8 +45,8 @@ class TableLogStreamReader(DriverSideReads):
     """Each batch is one partition, read by the driver-side reader itself (log_source.DriverSideReads: no Python
     worker task per batch)."""
 
-    def __init__(self, path: str, start_offset: int) -> None:
-        self.path = path
+    def __init__(self, log: str | LogAccess, start_offset: int) -> None:
+        self.log: LogAccess = FileLogAccess(Path(log)) if isinstance(log, str) else log  # files, or the network
         self.start_offset = start_offset
         self._known_end = start_offset
 
@@ -53,9 +54,7 @@ class TableLogStreamReader(DriverSideReads):
         return {"offset": self.start_offset}
 
     def latestOffset(self) -> dict[str, int]:
-        directory = Path(self.path)
-        if directory.exists():
-            self._known_end = max(self._known_end, scan_end(directory, self._known_end))
+        self._known_end = max(self._known_end, self.log.scan_end(self._known_end))
         return {"offset": self._known_end}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
@@ -70,7 +69,7 @@ class TableLogStreamReader(DriverSideReads):
 
     def _batches(self, start: int, end: int) -> Iterator[pa.RecordBatch]:
         rows = ((offset, offset + RECORD_FRAME_BYTES + len(payload), payload)
-                for offset, payload in read_records(Path(self.path), start, end))
+                for offset, payload in self.log.records(start, end))
         return record_batches(rows, TABLE_ARROW_SCHEMA)
 
     def commit(self, end: dict[str, int]) -> None:
@@ -86,7 +85,7 @@ class HeadraceTableLogSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        return TableLogStreamReader(self.options["path"], int(self.options.get("startOffset", "0")))
+        return TableLogStreamReader(log_access_from_options(self.options), int(self.options.get("startOffset", "0")))
 
 
 def net_documents(table: Table, records: Sequence[list[RowChange]]) -> list[tuple[int, list[Any], Document]]:
@@ -142,9 +141,9 @@ class TableBatches:
         self.last_batch_seconds = time.monotonic() - started
 
 
-def _read_table_log(spark: Any, log_dir: Path, start_offset: int, stored: dict[str, Any]) -> Any:
+def _read_table_log(spark: Any, log_options: dict[str, str], start_offset: int, stored: dict[str, Any]) -> Any:
     return (spark.readStream.format(HeadraceTableLogSource.name())
-            .option("path", str(log_dir)).option("startOffset", str(start_offset)).load())
+            .options(**log_options).option("startOffset", str(start_offset)).load())
 
 
 def _no_derived(spark: Any, views: Sequence[Any]) -> list[Any]:

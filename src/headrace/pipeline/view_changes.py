@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
@@ -177,15 +177,19 @@ _LOG_SCHEMA = pa.schema([("log_offset", pa.int64()), ("received_at", pa.int64())
                          ("headers", pa.string()), ("body", pa.binary())])
 
 
-def read_replaced(log_dir: Path, prev_offsets: Sequence[int], replaced_by: Sequence[int]) -> pa.Table:
-    """The old rows a batch replaces, read from the log at their offsets, with the replacing record's offset
-    in `replaced_by`."""
+if TYPE_CHECKING:  # read_replaced's log: files or the log read service
+    from headrace.log.access import LogAccess
+
+
+def read_replaced(log_dir: Path | LogAccess, prev_offsets: Sequence[int], replaced_by: Sequence[int]) -> pa.Table:
+    """The old rows a batch replaces, read from the log at their offsets (its files, or the log read service:
+    log/access.py), with the replacing record's offset in `replaced_by`."""
+    from headrace.log.access import FileLogAccess
+
+    access = FileLogAccess(log_dir) if isinstance(log_dir, Path) else log_dir
     rows: dict[str, list[Any]] = {name: [] for name in _LOG_SCHEMA.names}
-    for offset in prev_offsets:
-        found = next(read_records(log_dir, offset, offset + 1), None)
-        if found is None or found[0] != offset:
-            raise LookupError(f"no record at offset {offset} in the log {log_dir}")
-        received_at_us, key, headers, body, _ = decode_fields(found[1])
+    for offset, payload in access.records_at(prev_offsets):  # LookupError when no record starts at one of them
+        received_at_us, key, headers, body, _ = decode_fields(payload)
         for name, value in zip(_LOG_SCHEMA.names, (offset, received_at_us, key, headers, body)):
             rows[name].append(value)
     table = pa.table(rows, schema=_LOG_SCHEMA)

@@ -5,6 +5,7 @@
     headrace_internal.sink_status        one row per sink: state, position, lag, last error (sink/manager.py)
     headrace_internal.source_status      one row per source the pipeline runs: state, failures, last error
                                          (pipeline/status.py, reported by the pipeline process)
+    headrace_internal.pipeline_status    one row: the pipeline process's state, restarts, last error (pipeline/status.py)
     headrace_internal.quarantined_records  log records the store refused, set aside (store/quarantine.py); the
                                          one relation read from the serving store itself (durable)
 
@@ -24,7 +25,7 @@ from sqlglot import exp, parse_one
 
 from headrace.coordinator.responses import Column
 from headrace.sql.select import SelectPlan
-from headrace.pipeline.status import STATUS_COLUMNS, PipelineStatus
+from headrace.pipeline.status import PIPELINE_COLUMNS, STATUS_COLUMNS, PipelineStatus
 from headrace.store.query import describe_query, translate_error
 from headrace.store.quarantine import COLUMNS as QUARANTINE_COLUMNS
 from headrace.store.quarantine import quarantine_snapshot
@@ -63,6 +64,7 @@ class SystemTables:
         self.pipeline_status = pipeline_status or PipelineStatus()
         self._relations = {
             "source_status": SystemRelation(STATUS_COLUMNS, self.pipeline_status.rows),
+            "pipeline_status": SystemRelation(PIPELINE_COLUMNS, self.pipeline_status.pipeline_rows),
             "quarantined_records": SystemRelation(QUARANTINE_COLUMNS, tuple, read=quarantine_snapshot),
             "webhook_counters": SystemRelation(
                 COUNTER_COLUMNS, lambda: counter_rows((key, ingestor.metrics) for key, ingestor in registry.items())),

@@ -33,7 +33,8 @@ SLOW_FILES_SECONDS = {
     "tests/fuzz/test_fuzz.py": 100, "tests/views_differential/test_generated_views.py": 80,
     "tests/e2e/test_disk_full.py": 70, "tests/views_differential/test_view_expressions.py": 70,
     "tests/e2e/test_webhook_faults.py": 70, "tests/pipeline/test_views.py": 60, "tests/e2e/test_sinks.py": 60,
-    "tests/e2e/test_tables_postgres_compat.py": 45,
+    "tests/e2e/test_tables_postgres_compat.py": 45, "tests/scaleout/test_exactly_once.py": 250,
+    "tests/scaleout/test_spark_master.py": 60,
 }
 
 

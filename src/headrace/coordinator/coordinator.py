@@ -53,6 +53,8 @@ from headrace.coordinator.passthrough import (
     takes_unparsed,
 )
 from headrace.coordinator.store_grants import StoreGrants
+from headrace.store.quarantine import COLUMNS as QUARANTINE_COLUMNS
+from headrace.store.quarantine import postgres_quarantine_rows
 from headrace.coordinator.temp_relations import refuse_mixed_with_temporary
 from headrace.coordinator.subscribe import Subscriptions
 from headrace.coordinator.fast_path import FastPath, FastStatement
@@ -143,6 +145,10 @@ class Coordinator:
         self.source_ddl.sinks = self.sinks
         if system_tables is not None:
             system_tables.add("sink_status", SystemRelation(STATUS_COLUMNS, self.sink_manager.status_rows))
+            if resources.store.dialect == "postgres":  # its driver quarantines into the store PostgreSQL
+                store = resources.store
+                system_tables.add("quarantined_records", SystemRelation(
+                    QUARANTINE_COLUMNS, lambda: postgres_quarantine_rows(store)))
         # PostgreSQL's statements (not headrace's own) run on the store PostgreSQL (coordinator/passthrough.py)
         self.postgres = postgres
         self.passthrough = Passthrough(postgres, self.privileges.is_superuser) if postgres is not None else None

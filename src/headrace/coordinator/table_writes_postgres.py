@@ -118,12 +118,31 @@ def _contents_clause(table: Table, overlay: Mapping[Key, Document | None], first
     return f"WITH {quote_ident(table.name)} AS ({on_postgres.declared_columns(table, contents, True)})", extra
 
 
+def typed_assignments(select: exp.Select, assignments: Sequence[TableColumn]) -> exp.Select:
+    """`select` with each SET value that has no type of its own (a quoted literal, NULL, a bare parameter) cast to
+    its column's type, as PostgreSQL types it when it assigns it: in the SELECT that computes it, it would
+    otherwise become text (`SET d = '2024-02-29'` into a date column: 42804)."""
+    names = {f"hr_set_{i}": column for i, column in enumerate(assignments)}
+    select = select.copy()
+    for projection in select.expressions:
+        column = names.get(projection.alias_or_name)
+        if column is None or not isinstance(projection, exp.Alias):
+            continue
+        value = projection.this
+        untyped = (isinstance(value, exp.Literal) and value.is_string) or isinstance(
+            value, (exp.Null, exp.Placeholder, exp.Parameter))
+        if untyped and column.pg_type != "bpchar":
+            projection.set("this", exp.Cast(this=value.copy(), to=exp.DataType.build(column.type_sql,
+                                                                                      dialect=DIALECT)))
+    return select
+
+
 def current_rows(store: PostgresServingStore, table: Table, select: exp.Select,
                  assignments: Sequence[TableColumn], overlay: Mapping[Key, Document | None],
                  params: Sequence[Any], session: Any) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
     """UPDATE / DELETE: `select` (SELECT t.*[, SET expressions AS hr_set_<i>] FROM t WHERE ...) over the table's
     current contents. Per row: (its stored columns, the SET values as PostgreSQL assigns them)."""
-    query, values = compact_parameters(select, params)
+    query, values = compact_parameters(typed_assignments(select, assignments), params)
     with_clause, extra = _contents_clause(table, overlay, len(values) + 1)
     assigned = [(column, f"hr_set_{i}") for i, column in enumerate(assignments)]
     rows = on_postgres.run_assigning_query(store, query.sql(dialect=DIALECT), [*values, *extra], assigned,
@@ -136,7 +155,8 @@ def describe_filter(store: PostgresServingStore, table: Table, select: exp.Selec
                     assignments: Sequence[TableColumn], declared: Sequence[int]) -> tuple[int, ...]:
     with_clause, _ = _contents_clause(table, {}, 1)
     assigned = [(column, f"hr_set_{i}") for i, column in enumerate(assignments)]
-    sql = on_postgres.assigning_sql(select.sql(dialect=DIALECT), assigned, with_clause)
+    sql = on_postgres.assigning_sql(typed_assignments(select, assignments).sql(dialect=DIALECT), assigned,
+                                    with_clause)
     return on_postgres.describe_parameters(store, sql, declared, list(assignments) if assignments else None)
 
 
@@ -151,6 +171,7 @@ def upsert_rows(store: PostgresServingStore, table: Table, select: exp.Select, u
             condition = projection.this if isinstance(projection, exp.Alias) else projection
             projection.pop()
             select = select.where(condition.copy())
+    select = typed_assignments(select, [column for column, _ in upsert.assignments])
     query, values = compact_parameters(select, params)
     names = list(table.store_columns())
     storage = on_postgres.storage_types(table)

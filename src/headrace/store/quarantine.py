@@ -109,3 +109,10 @@ def quarantine_snapshot(cursor: duckdb.DuckDBPyConnection) -> pa.Table:
         return _SCHEMA.empty_table()
     return cursor.execute(f"SELECT * FROM {QUARANTINE_TABLE} ORDER BY materialization, log_offset") \
         .fetch_arrow_table().cast(_SCHEMA)
+
+
+def postgres_quarantine_rows(store: Any) -> list[tuple[Any, ...]]:
+    """quarantine_snapshot's rows from the PostgreSQL serving store (store/postgres_serving.py), where its driver
+    records them in the table of the same name and columns (blocking)."""
+    names = ", ".join(name for name, _ in COLUMNS)
+    return store.execute(f"SELECT {names} FROM {QUARANTINE_TABLE} ORDER BY materialization, log_offset")

@@ -1,0 +1,129 @@
+"""Errors are data (issue 22): a row whose view expression fails is an error of that view, not a stalled pipeline.
+
+One table with views that fail on one row (an integer cast out of range, a division by zero) and views that do not:
+the table and the good views stay fresh, a SELECT of a failing view answers the row's error with the SQLSTATE and
+message a real PostgreSQL 15 gives for the same SELECT, headrace_internal.view_errors lists it, and deleting the row
+or updating it to a value the view can compute brings the view back with the right rows. Both the stream (a view
+existing before the row) and the backfill (a view created after it) are covered, and a webhook source too."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.e2e.server_process import HeadraceProcess
+from tests.real_servers.postgres import shared_cluster
+
+pytestmark = pytest.mark.e2e
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[psycopg.Connection]:
+    """A database of the shared PostgreSQL 15 cluster: the truth for errors' SQLSTATEs and messages."""
+    with psycopg.connect(shared_cluster().create_database(fresh("view_errors")), autocommit=True) as conn:
+        yield conn
+
+
+def read(conn: psycopg.Connection, sql: str, attempts: int = 5) -> list[tuple[object, ...]]:
+    """A read that may meet Spark's cold start (57P03 after 60 s on a loaded machine): tried again as a client would."""
+    for _ in range(attempts - 1):
+        try:
+            return conn.execute(sql).fetchall()
+        except psycopg.errors.CannotConnectNow:
+            continue
+    return conn.execute(sql).fetchall()
+
+
+def error_of(conn: psycopg.Connection, sql: str) -> tuple[str | None, str | None]:
+    with pytest.raises(psycopg.Error) as caught:
+        read(conn, sql)
+    return caught.value.sqlstate, caught.value.diag.message_primary
+
+
+def test_a_failing_row_is_an_error_of_its_view_while_the_table_and_other_views_flow(
+        server: HeadraceProcess, postgres: psycopg.Connection) -> None:
+    table = fresh("ve")
+    good, cast, div, late = (f"{table}_{suffix}" for suffix in ("good", "cast", "div", "late"))
+    cast_sql = f"SELECT id, (v * 100000000)::int AS x FROM {table}"
+    div_sql = f"SELECT region, sum(100 / d) AS q FROM {table} GROUP BY region"
+    late_sql = f"SELECT id, CASE WHEN v > 0 THEN v * 100000000 ELSE 0 END::int AS x FROM {table} WHERE region <> 'x'"
+    ddl = f"CREATE TABLE {table} (id int PRIMARY KEY, region text NOT NULL, v int8, d int)"
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(ddl)
+        postgres.execute(ddl)
+
+        def write(sql: str) -> None:
+            conn.execute(sql)
+            postgres.execute(sql)
+
+        conn.execute(f"CREATE MATERIALIZED VIEW {good} AS SELECT region, count(*) AS n, sum(v) AS total "
+                     f"FROM {table} GROUP BY region")
+        conn.execute(f"CREATE MATERIALIZED VIEW {cast} AS {cast_sql}")
+        conn.execute(f"CREATE MATERIALIZED VIEW {div} AS {div_sql}")
+        write(f"INSERT INTO {table} VALUES (1, 'eu', 10, 1), (2, 'eu', 20, 2), (3, 'us', 5, 1)")
+        assert read(conn, f"SELECT id, x FROM {cast} ORDER BY id") == [(1, 1000000000), (2, 2000000000),
+                                                                         (3, 500000000)]
+
+        # Row 4 fails both views: v * 1e8 is out of int4's range, 100 / 0 divides by zero.
+        write(f"INSERT INTO {table} VALUES (4, 'us', 30, 0)")
+        started = time.monotonic()
+        assert read(conn, f"SELECT region, n, total FROM {good} ORDER BY region") == [("eu", 2, 30), ("us", 2, 35)]
+        assert read(conn, f"SELECT count(*) FROM {table}") == [(4,)]  # the table itself keeps flowing
+        assert time.monotonic() - started < 60
+        for view, sql in ((cast, cast_sql), (div, div_sql)):
+            expected = error_of(postgres, sql)
+            assert expected[0] in ("22003", "22012")
+            assert error_of(conn, f"SELECT * FROM {view}") == expected
+        assert error_of(conn, f"SELECT x FROM {cast} WHERE id = 1") == ("22003", "integer out of range")
+        errors = read(conn, "SELECT view_name, key, sqlstate, message FROM headrace_internal.view_errors "
+                            f"WHERE view_name LIKE '{table}%' ORDER BY view_name")
+        assert errors == [(cast, "[4]", "22003", "integer out of range"), (div, "[4]", "22012", "division by zero")]
+
+        # A view created over the failing row (backfilled) holds the error from its first transaction.
+        conn.execute(f"CREATE MATERIALIZED VIEW {late} AS {late_sql}")
+        assert error_of(conn, f"SELECT * FROM {late}") == error_of(postgres, late_sql) == \
+            ("22003", "integer out of range")
+
+        # Other rows keep flowing into the good view while the errors are live.
+        write(f"INSERT INTO {table} VALUES (5, 'eu', 1, 1)")
+        assert read(conn, f"SELECT region, n, total FROM {good} ORDER BY region") == [("eu", 3, 31), ("us", 2, 35)]
+
+        # UPDATE to a value the cast can compute: the cast views recover; the division still fails on d = 0.
+        write(f"UPDATE {table} SET v = 3 WHERE id = 4")
+        for view, sql in ((cast, cast_sql), (late, late_sql)):
+            assert read(conn, f"SELECT id, x FROM {view} ORDER BY id") == postgres.execute(
+                f"{sql} ORDER BY id").fetchall()
+        assert error_of(conn, f"SELECT * FROM {div}") == ("22012", "division by zero")
+        write(f"UPDATE {table} SET d = 4 WHERE id = 4")
+        assert read(conn, f"SELECT region, q FROM {div} ORDER BY region") == postgres.execute(
+            f"{div_sql} ORDER BY region").fetchall()
+
+        # A new failing row, then DELETE of it: the view recovers with the right rows.
+        write(f"INSERT INTO {table} VALUES (6, 'us', 99, 0)")
+        assert error_of(conn, f"SELECT * FROM {div}")[0] == "22012"
+        assert error_of(conn, f"SELECT * FROM {cast}")[0] == "22003"
+        write(f"DELETE FROM {table} WHERE id = 6")
+        assert read(conn, f"SELECT region, q FROM {div} ORDER BY region") == postgres.execute(
+            f"{div_sql} ORDER BY region").fetchall()
+        assert read(conn, f"SELECT id, x FROM {cast} ORDER BY id") == postgres.execute(
+            f"{cast_sql} ORDER BY id").fetchall()
+        assert read(conn, f"SELECT region, n, total FROM {good} ORDER BY region") == postgres.execute(
+            f"SELECT region, count(*), sum(v) FROM {table} GROUP BY region ORDER BY region").fetchall()
+        assert read(conn, "SELECT count(*) FROM headrace_internal.view_errors "
+                          f"WHERE view_name LIKE '{table}%'") == [(0,)]
+
+        # DROP of a view holding an error takes its errors with it.
+        write(f"INSERT INTO {table} VALUES (7, 'eu', 50, 1)")
+        assert error_of(conn, f"SELECT * FROM {cast}")[0] == "22003"
+        conn.execute(f"DROP MATERIALIZED VIEW {cast}")
+        assert read(conn, "SELECT count(*) FROM headrace_internal.view_errors "
+                          f"WHERE view_name LIKE '{table}%'") == [(1,)]  # the late view's, on row 7
+        conn.execute(f"DROP TABLE {table} CASCADE")

@@ -8,6 +8,7 @@ existing before the row) and the backfill (a view created after it) are covered,
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,7 +16,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.e2e.server_process import HeadraceProcess
+from tests.e2e.server_process import HeadraceProcess, wait_for
+from tests.e2e.webhook_client import post_webhook
 from tests.real_servers.postgres import shared_cluster
 
 pytestmark = pytest.mark.e2e
@@ -126,4 +128,72 @@ def test_a_failing_row_is_an_error_of_its_view_while_the_table_and_other_views_f
         conn.execute(f"DROP MATERIALIZED VIEW {cast}")
         assert read(conn, "SELECT count(*) FROM headrace_internal.view_errors "
                           f"WHERE view_name LIKE '{table}%'") == [(1,)]  # the late view's, on row 7
+        conn.execute(f"DROP TABLE {table} CASCADE")
+
+
+def test_a_webhook_source_keeps_flowing_past_rows_its_view_cannot_compute(
+        server: HeadraceProcess, postgres: psycopg.Connection) -> None:
+    source = fresh("vesrc")
+    counts, sums = f"{source}_counts", f"{source}_sums"
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SOURCE {source} FROM WEBHOOK BODY FORMAT JSON IDEMPOTENT (body->>'id')")
+        conn.execute(f"CREATE MATERIALIZED VIEW {counts} AS SELECT body->>'k' AS k, count(*) AS n FROM {source} "
+                     "GROUP BY 1")
+        conn.execute(f"CREATE MATERIALIZED VIEW {sums} AS SELECT body->>'k' AS k, sum((body->>'n')::int) AS s "
+                     f"FROM {source} GROUP BY 1")
+        url = server.webhook_url(source)
+
+        def post(**body: object) -> None:
+            assert post_webhook(url, json.dumps(body).encode()).status_code == 200
+
+        post(id="a", k="x", n="5")
+        wait_for(lambda: read(conn, f"SELECT k, s FROM {sums}") == [("x", 5)], 120, message="the first row")
+        post(id="b", k="x", n="99999999999")  # out of int4's range
+        post(id="c", k="y", n="abc")  # no integer at all
+        wait_for(lambda: read(conn, f"SELECT k, n FROM {counts} ORDER BY k") == [("x", 2), ("y", 1)], 120,
+                 message="the source and its other view flowing past the failing rows")
+        assert read(conn, f"SELECT count(*) FROM {source}") == [(3,)]
+        expected = {error_of(postgres, f"SELECT '{text}'::int") for text in ("99999999999", "abc")}
+        assert expected == {("22003", 'value "99999999999" is out of range for type integer'),
+                            ("22P02", 'invalid input syntax for type integer: "abc"')}
+        assert error_of(conn, f"SELECT * FROM {sums}") in expected
+        listed = read(conn, f"SELECT sqlstate, message FROM headrace_internal.view_errors WHERE view_name = '{sums}'")
+        assert set(listed) == expected
+
+        post(id="b", k="x", n="7")  # replacements (same IDEMPOTENT key) retract the failing versions
+        post(id="c", k="y", n="1")
+        wait_for(lambda: _answers(conn, f"SELECT k, s FROM {sums} ORDER BY k") == [("x", 12), ("y", 1)], 120,
+                 message="the view recovering once its failing rows are replaced")
+        assert read(conn, f"SELECT count(*) FROM headrace_internal.view_errors WHERE view_name = '{sums}'") == [(0,)]
+        assert read(conn, f"SELECT k, n FROM {counts} ORDER BY k") == [("x", 2), ("y", 1)]
+        conn.execute(f"DROP SOURCE {source} CASCADE")
+
+
+def _answers(conn: psycopg.Connection, sql: str) -> list[tuple[object, ...]] | None:
+    try:
+        return read(conn, sql)
+    except psycopg.DataError:
+        return None
+
+
+def test_errors_on_the_postgres_serving_store(pg_serving_server: HeadraceProcess, postgres: psycopg.Connection) -> None:
+    """The same on HEADRACE_SERVING_STORE=postgres: the view's read, headrace_internal.view_errors, recovery."""
+    table = fresh("vepg")
+    view = f"{table}_cast"
+    view_sql = f"SELECT id, (v * 100000000)::int AS x FROM {table}"
+    ddl = f"CREATE TABLE {table} (id int PRIMARY KEY, v int8)"
+    with psycopg.connect(pg_serving_server.dsn, autocommit=True) as conn:
+        conn.execute(ddl)
+        postgres.execute(ddl)
+        conn.execute(f"CREATE MATERIALIZED VIEW {view} AS {view_sql}")
+        for sql in (f"INSERT INTO {table} VALUES (1, 10), (2, 30)", ):
+            conn.execute(sql)
+            postgres.execute(sql)
+        assert read(conn, f"SELECT count(*) FROM {table}") == [(2,)]
+        assert error_of(conn, f"SELECT * FROM {view}") == error_of(postgres, view_sql) == \
+            ("22003", "integer out of range")
+        assert read(conn, "SELECT view_name, key, sqlstate FROM headrace_internal.view_errors "
+                          f"WHERE view_name = '{view}'") == [(view, "[2]", "22003")]
+        conn.execute(f"DELETE FROM {table} WHERE id = 2")
+        assert read(conn, f"SELECT id, x FROM {view}") == [(1, 1000000000)]
         conn.execute(f"DROP TABLE {table} CASCADE")

@@ -54,8 +54,6 @@ from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore
 from headrace.store.view_errors import (
     ERROR_ROWS_DDL,
-    ERRORS_RELATION,
-    ERRORS_RELATION_DDL,
     delete_view_errors_sql,
     erroring_view_ids_sql,
     first_error_sql,
@@ -91,7 +89,8 @@ class ViewDdl:
         self._plans: dict[str, ViewPlan] = {}
         # Sinks reading relations (coordinator/sinks.py): DROP refuses, or drops them with CASCADE.
         self.sinks: Any = None
-        store.execute(VIEW_SCHEMAS_DDL, ERROR_ROWS_DDL, ERRORS_RELATION_DDL)  # + views' errors (store/view_errors.py)
+        store.execute(VIEW_SCHEMAS_DDL, ERROR_ROWS_DDL)  # + views' errors (store/view_errors.py)
+        view_errors.serve_relation_from(store)  # headrace_internal.view_errors
 
     # ---- the dependency graph -----------------------------------------------------------------
     def lookup(self, schema: str, name: str) -> InputRelation | None:
@@ -124,7 +123,7 @@ class ViewDdl:
         return sorted(self.catalog.views(), key=lambda v: int(v.id[1:]))
 
     def is_system_relation(self, schema: str, name: str) -> bool:
-        return f"{schema}.{name}" in (VIEW_SCHEMAS_TABLE, f"{INTERNAL_SCHEMA}.{ERRORS_RELATION}")
+        return f"{schema}.{name}" == VIEW_SCHEMAS_TABLE
 
     # ---- statements ---------------------------------------------------------------------------
     def columns(self, ast: exp.Expr) -> tuple[Column, ...] | None:

@@ -2,7 +2,7 @@
 
     headrace_internal.view_error_rows  view_id, row_key, sqlstate, message, since   (written by the serving driver)
     headrace_internal.view_errors      view_schema, view_name, key, sqlstate, message, since
-                                       (a view joining the rows with headrace_internal.view_schemas: what users read)
+                                       (what users read: the rows with their view's name, store/system_tables.py)
 
 A transaction's runtime checkpoint lists the error state of each input row it changed in a view
 (`ERRORS_FIELD`: [view id, row key, sqlstate, message], sqlstate None when the row's error is gone); the serving
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,9 +24,26 @@ ERRORS_RELATION = "view_errors"
 ERROR_ROWS_DDL = (f"CREATE TABLE IF NOT EXISTS {ERROR_ROWS_TABLE} (view_id VARCHAR NOT NULL, row_key VARCHAR NOT NULL, "
                   "sqlstate VARCHAR NOT NULL, message VARCHAR NOT NULL, since TIMESTAMPTZ NOT NULL, "
                   "PRIMARY KEY (view_id, row_key))")
-ERRORS_RELATION_DDL = (f"CREATE OR REPLACE VIEW headrace_internal.{ERRORS_RELATION} AS SELECT s.schema AS view_schema, "
-                       "s.name AS view_name, e.row_key AS key, e.sqlstate, e.message, e.since "
-                       f"FROM {ERROR_ROWS_TABLE} e JOIN headrace_internal.view_schemas s ON s.id = e.view_id")
+# headrace_internal.view_errors (store/system_tables.py): the rows with their view's name, on either serving store.
+RELATION_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("view_schema", "VARCHAR"), ("view_name", "VARCHAR"), ("key", "VARCHAR"), ("sqlstate", "VARCHAR"),
+    ("message", "VARCHAR"), ("since", "TIMESTAMPTZ"))
+_RELATION_SELECT = (f"SELECT s.schema, s.name, e.row_key, e.sqlstate, e.message, e.since FROM {ERROR_ROWS_TABLE} e "
+                    "JOIN headrace_internal.view_schemas s ON s.id = e.view_id ORDER BY s.schema, s.name, e.since, "
+                    "e.row_key")
+_serving_store: weakref.ref[Any] | None = None  # the store the relation reads (set by coordinator/views.py)
+
+
+def serve_relation_from(store: Any) -> None:
+    """Read headrace_internal.view_errors from `store` (the server's serving store, DuckDB or PostgreSQL)."""
+    global _serving_store
+    _serving_store = weakref.ref(store)
+
+
+def relation_rows() -> list[tuple[Any, ...]]:
+    store = _serving_store() if _serving_store is not None else None
+    return [] if store is None else store.execute(_RELATION_SELECT)
+
 
 # Readers cache which views hold errors per generation; a commit that changes errors bumps it before its data becomes
 # visible and again after, and marks itself in flight meanwhile, so that no reader caches what it read during it:

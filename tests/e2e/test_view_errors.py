@@ -4,7 +4,8 @@ One table with views that fail on one row (an integer cast out of range, a divis
 the table and the good views stay fresh, a SELECT of a failing view answers the row's error with the SQLSTATE and
 message a real PostgreSQL 15 gives for the same SELECT, headrace_internal.view_errors lists it, and deleting the row
 or updating it to a value the view can compute brings the view back with the right rows. Both the stream (a view
-existing before the row) and the backfill (a view created after it) are covered, and a webhook source too."""
+existing before the row) and the backfill (a view created after it) are covered, a webhook source, the PostgreSQL
+serving store, and a kill -9 right after the commit holding an error."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -197,3 +199,36 @@ def test_errors_on_the_postgres_serving_store(pg_serving_server: HeadraceProcess
         conn.execute(f"DELETE FROM {table} WHERE id = 2")
         assert read(conn, f"SELECT id, x FROM {view}") == [(1, 1000000000)]
         conn.execute(f"DROP TABLE {table} CASCADE")
+
+
+@pytest.mark.timeout(900)
+def test_an_error_survives_kill_9_right_after_its_commit_exactly_once(tmp_path: Path) -> None:
+    """kill -9 between the StartedCommit of the transaction holding a view's error and the next Acknowledge (the fail
+    point of tests/e2e/test_view_faults.py): Spark replays that batch after the restart, the store's checkpoint skips
+    it, and the error is there once; deleting the row then clears it."""
+    process = HeadraceProcess(tmp_path / "data")
+    try:
+        process.start(env={"HEADRACE_FAILPOINTS": "after_started_commit:2"})
+        with psycopg.connect(process.dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int8)")
+            conn.execute("CREATE MATERIALIZED VIEW total AS SELECT count(*) AS n, sum(v) AS s FROM t")
+            conn.execute("CREATE MATERIALIZED VIEW scaled AS SELECT id, (v * 100000000)::int AS x FROM t")
+            conn.execute("INSERT INTO t VALUES (1, 1), (2, 2)")  # commit 1
+            assert read(conn, "SELECT n, s FROM total") == [(2, 3)]
+            conn.execute("INSERT INTO t VALUES (3, 300)")  # commit 2 holds the error; the fail point fires after it
+        assert process.process is not None
+        process.process.wait(timeout=300)
+        assert process.process.returncode == -9, process.output()[-3000:]
+
+        process.start()
+        with psycopg.connect(process.dsn, autocommit=True) as conn:
+            assert read(conn, "SELECT n, s FROM total") == [(3, 303)]
+            assert error_of(conn, "SELECT * FROM scaled") == ("22003", "integer out of range")
+            assert read(conn, "SELECT view_name, key, sqlstate FROM headrace_internal.view_errors") == [
+                ("scaled", "[3]", "22003")]
+            conn.execute("DELETE FROM t WHERE id = 3")
+            assert read(conn, "SELECT id, x FROM scaled ORDER BY id") == [(1, 100000000), (2, 200000000)]
+            assert read(conn, "SELECT count(*) FROM headrace_internal.view_errors") == [(0,)]
+            assert read(conn, "SELECT n, s FROM total") == [(2, 3)]
+    finally:
+        process.stop()

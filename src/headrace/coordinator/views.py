@@ -342,10 +342,8 @@ async def refuse_view_errors(catalog: Catalog, store: ServingStore | PostgresSer
         return
     views = {view.id: view for view in catalog.views()}
     by_name = {(view.schema, view.name): view for view in views.values()}
-    lowered = _STRING_LITERAL.sub("''", statement_sql).lower()
+    lowered: str | None = None
     for view in views.values():
-        if not re.search(rf"(?<![\w$]){re.escape(view.name.lower())}(?![\w$])", lowered):
-            continue
         chain: list[str] = []  # the view and the views it reads
         current: MaterializedView | None = view
         while current is not None and current.id not in chain:
@@ -353,6 +351,10 @@ async def refuse_view_errors(catalog: Catalog, store: ServingStore | PostgresSer
             current = by_name.get((current.input_schema, current.input_name))
         failing = [view_id for view_id in chain if view_id in erroring]
         if not failing:
+            continue
+        if lowered is None:  # a name inside a string literal is no read of the view
+            lowered = _STRING_LITERAL.sub("''", statement_sql).lower()
+        if not re.search(rf"(?<![\w$]){re.escape(view.name.lower())}(?![\w$])", lowered):
             continue
         rows = await run(lambda: store.execute((first_error_sql(len(failing)), failing)))
         if not rows:

@@ -136,13 +136,16 @@ def test_a_failing_row_is_an_error_of_its_view_while_the_table_and_other_views_f
 def test_a_webhook_source_keeps_flowing_past_rows_its_view_cannot_compute(
         server: HeadraceProcess, postgres: psycopg.Connection) -> None:
     source = fresh("vesrc")
-    counts, sums = f"{source}_counts", f"{source}_sums"
+    counts, sums, texts, numbers = (f"{source}_{suffix}" for suffix in ("counts", "sums", "texts", "numbers"))
     with psycopg.connect(server.dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SOURCE {source} FROM WEBHOOK BODY FORMAT JSON IDEMPOTENT (body->>'id')")
         conn.execute(f"CREATE MATERIALIZED VIEW {counts} AS SELECT body->>'k' AS k, count(*) AS n FROM {source} "
                      "GROUP BY 1")
         conn.execute(f"CREATE MATERIALIZED VIEW {sums} AS SELECT body->>'k' AS k, sum((body->>'n')::int) AS s "
                      f"FROM {source} GROUP BY 1")
+        # a view over a view: the downstream one fails on a row its upstream shows (derived in the same transaction)
+        conn.execute(f"CREATE MATERIALIZED VIEW {texts} AS SELECT body->>'id' AS id, body->>'n' AS n FROM {source}")
+        conn.execute(f"CREATE MATERIALIZED VIEW {numbers} AS SELECT id, n::int AS v FROM {texts}")
         url = server.webhook_url(source)
 
         def post(**body: object) -> None:
@@ -161,6 +164,8 @@ def test_a_webhook_source_keeps_flowing_past_rows_its_view_cannot_compute(
         assert error_of(conn, f"SELECT * FROM {sums}") in expected
         listed = read(conn, f"SELECT sqlstate, message FROM headrace_internal.view_errors WHERE view_name = '{sums}'")
         assert set(listed) == expected
+        assert read(conn, f"SELECT id, n FROM {texts} ORDER BY id") == [("a", "5"), ("b", "99999999999"), ("c", "abc")]
+        assert error_of(conn, f"SELECT * FROM {numbers}") in expected
 
         post(id="b", k="x", n="7")  # replacements (same IDEMPOTENT key) retract the failing versions
         post(id="c", k="y", n="1")
@@ -168,6 +173,7 @@ def test_a_webhook_source_keeps_flowing_past_rows_its_view_cannot_compute(
                  message="the view recovering once its failing rows are replaced")
         assert read(conn, f"SELECT count(*) FROM headrace_internal.view_errors WHERE view_name = '{sums}'") == [(0,)]
         assert read(conn, f"SELECT k, n FROM {counts} ORDER BY k") == [("x", 2), ("y", 1)]
+        assert read(conn, f"SELECT id, v FROM {numbers} ORDER BY id") == [("a", 5), ("b", 7), ("c", 1)]
         conn.execute(f"DROP SOURCE {source} CASCADE")
 
 

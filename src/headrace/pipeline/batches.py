@@ -13,7 +13,9 @@ Spark replays after a crash (offsets written, commit not) is recognised and not 
 Materialized views over the source are further bindings of the same transaction (view_changes.py). Their
 partial documents are computed on the DataFrame Spark handed to foreachBatch (persisted once, since both the
 collection above and the views read it), not on a frame rebuilt from the collected Arrow table; the old
-versions of replaced rows are a small extra frame, unioned only when the batch has replacements."""
+versions of replaced rows are a small extra frame, unioned only when the batch has replacements. A change a view
+cannot evaluate (a cast out of range, a division by zero) does not fail the batch: the batch takes that path, the
+change is left out of that view only and its error rides in the checkpoint (pipeline/view_errors.py)."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from headrace.errors import HeadraceError
 from headrace.sql.ddl import item_from_create_sql
 from headrace.sql.view_serving import view_binding
 from headrace.store.serving import ServingStore
+from headrace.store.view_errors import relation_rows
 from headrace.webhook.ingest import IngestRegistry
 from tests.sql.view_model import AGGREGATES_SQL, Event, RuntimeModel, SourceModel, python_documents
 
@@ -197,3 +198,40 @@ def test_names_dependencies_and_restart(harness: Harness, tmp_path: Path) -> Non
     assert harness.catalog.views() == []
     response = harness.run("DROP MATERIALIZED VIEW IF EXISTS paid")
     assert isinstance(response, CommandComplete) and response.notices
+
+
+def commit_view_errors(harness: Harness, entries: list[list[Any]]) -> None:
+    """Apply a checkpoint's error states as the serving driver's commit does (store/view_errors.py)."""
+    from headrace.store.view_errors import ERRORS_FIELD, commit_ended, commit_starting, record_view_errors
+
+    with harness.store.cursor() as cursor:
+        cursor.begin()
+        assert record_view_errors(cursor, {ERRORS_FIELD: entries})
+        commit_starting(harness)
+        cursor.commit()
+        commit_ended(harness)
+
+
+def test_a_view_holding_an_error_fails_its_reads_and_its_readers_until_cleared(harness: Harness) -> None:
+    harness.run("CREATE MATERIALIZED VIEW amounts AS SELECT body->>'id' AS id, (body->>'n')::int AS n FROM events")
+    harness.run("CREATE MATERIALIZED VIEW per_id AS SELECT id, count(*) AS c FROM amounts GROUP BY id")
+    view = harness.catalog.find_view("public", "amounts")
+    assert view is not None
+    assert harness.rows("SELECT * FROM amounts") == []  # nothing cached stale from before: no error yet
+    commit_view_errors(harness, [[view.id, "[7]", "22P02", 'invalid input syntax for type integer: "x"']])
+    for sql in ("SELECT * FROM amounts", "SELECT count(*) FROM per_id"):  # the view and a view reading it
+        with pytest.raises(HeadraceError) as caught:
+            harness.rows(sql)
+        assert (caught.value.sqlstate, caught.value.message) == ("22P02", 'invalid input syntax for type integer: "x"')
+        assert caught.value.detail == 'materialized view "amounts" cannot compute input row [7]'
+    # a name inside a string literal reads nothing
+    assert harness.rows("SELECT count(*) FROM events WHERE body->>'view' = 'amounts'") == [(0,)]
+    # headrace_internal.view_errors (store/system_tables.py) reads these rows
+    (listed,) = relation_rows()
+    assert listed[:5] == ("public", "amounts", "[7]", "22P02", 'invalid input syntax for type integer: "x"')
+    commit_view_errors(harness, [[view.id, "[7]", None, None]])  # the row deleted or fixed
+    assert harness.rows("SELECT * FROM amounts") == []
+    assert relation_rows() == []
+    commit_view_errors(harness, [[view.id, "[8]", "22012", "division by zero"]])
+    harness.run("DROP MATERIALIZED VIEW amounts CASCADE")  # its errors go with it
+    assert harness.store.execute("SELECT count(*) FROM headrace_internal.view_error_rows") == [(0,)]

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import shutil
-from collections.abc import Callable
+import weakref
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -47,8 +49,15 @@ from headrace.sql.views import (
     is_create_materialized_view,
     view_name,
 )
+from headrace.store import view_errors
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore
+from headrace.store.view_errors import (
+    ERROR_ROWS_DDL,
+    delete_view_errors_sql,
+    erroring_view_ids_sql,
+    first_error_sql,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +89,8 @@ class ViewDdl:
         self._plans: dict[str, ViewPlan] = {}
         # Sinks reading relations (coordinator/sinks.py): DROP refuses, or drops them with CASCADE.
         self.sinks: Any = None
-        store.execute(VIEW_SCHEMAS_DDL)
+        store.execute(VIEW_SCHEMAS_DDL, ERROR_ROWS_DDL)  # + views' errors (store/view_errors.py)
+        view_errors.serve_relation_from(store)  # headrace_internal.view_errors
 
     # ---- the dependency graph -----------------------------------------------------------------
     def lookup(self, schema: str, name: str) -> InputRelation | None:
@@ -280,7 +290,8 @@ class ViewDdl:
     def remove_resources(self, view: MaterializedView) -> None:
         self.store.execute(f'DROP VIEW IF EXISTS {view.schema}."{view.name}"',
                            (f"DELETE FROM {VIEW_SCHEMAS_TABLE} WHERE id = ?", [view.id]),
-                           (f"DELETE FROM {CHECKPOINTS_TABLE} WHERE materialization = ?", [view.materialization]))
+                           (f"DELETE FROM {CHECKPOINTS_TABLE} WHERE materialization = ?", [view.materialization]),
+                           (delete_view_errors_sql(), [view.id]))
         self.store.drop((INTERNAL_SCHEMA, view.materialization))
         if self._pipeline_checkpoints is not None:
             shutil.rmtree(self._pipeline_checkpoints / view.materialization, ignore_errors=True)
@@ -299,3 +310,58 @@ def _input_schema(ast: exp.Create) -> str:
     if from_ is None or not isinstance(from_.this, exp.Table):
         raise InternalError("a compiled view has one input table")
     return from_.this.db or "public"
+
+
+# ---- errors as data: a read of a view holding an error fails with it (pipeline/view_errors.py) ----------------------
+
+# store -> (store/view_errors.changed_generation when read, ids of the views holding errors then)
+_erroring: weakref.WeakKeyDictionary[Any, tuple[int, frozenset[str]]] = weakref.WeakKeyDictionary()
+_STRING_LITERAL = re.compile(r"'(?:[^']|'')*'")
+
+
+def _erroring_view_ids(store: ServingStore | PostgresServingStore) -> frozenset[str]:
+    return frozenset(str(row[0]) for row in store.execute(erroring_view_ids_sql()))
+
+
+async def refuse_view_errors(catalog: Catalog, store: ServingStore | PostgresServingStore,
+                             run: Callable[..., Awaitable[Any]], statement_sql: str | None) -> None:
+    """Raise the first error of a view the statement names (or of a view it reads, directly or through views) while
+    the view holds one, as Materialize answers a read of a view whose dataflow holds an error: its SQLSTATE and
+    PostgreSQL's message. No store query unless a commit changed views' errors since the last look."""
+    if statement_sql is None:
+        return
+    key = view_errors.cache_key()
+    cached = _erroring.get(store)
+    if key is not None and cached is not None and cached[0] == key:
+        erroring = cached[1]
+    else:
+        erroring = await run(_erroring_view_ids, store)
+        if key is not None and view_errors.cache_key() == key:  # no commit of errors meanwhile (store/view_errors.py)
+            _erroring[store] = (key, erroring)
+    if not erroring:
+        return
+    views = {view.id: view for view in catalog.views()}
+    by_name = {(view.schema, view.name): view for view in views.values()}
+    lowered: str | None = None
+    for view in views.values():
+        chain: list[str] = []  # the view and the views it reads
+        current: MaterializedView | None = view
+        while current is not None and current.id not in chain:
+            chain.append(current.id)
+            current = by_name.get((current.input_schema, current.input_name))
+        failing = [view_id for view_id in chain if view_id in erroring]
+        if not failing:
+            continue
+        if lowered is None:  # a name inside a string literal is no read of the view
+            lowered = _STRING_LITERAL.sub("''", statement_sql).lower()
+        if not re.search(rf"(?<![\w$]){re.escape(view.name.lower())}(?![\w$])", lowered):
+            continue
+        rows = await run(lambda: store.execute((first_error_sql(len(failing)), failing)))
+        if not rows:
+            continue
+        view_id, row_key, sqlstate, message = rows[0]
+        culprit = views.get(str(view_id), view)
+        raise HeadraceError(str(message), sqlstate=str(sqlstate),
+                            detail=f'materialized view "{culprit.name}" cannot compute input row {row_key}',
+                            hint="SELECT * FROM headrace_internal.view_errors lists the failing rows; the view "
+                                 "answers again once they are deleted or updated to values it can compute")

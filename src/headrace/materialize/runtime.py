@@ -283,6 +283,11 @@ class Runtime:
         next transaction, whose first step (or `finish_commit()`) awaits StartedCommit. Nothing is durable on return
         then: only a caller whose recovery trusts the driver's checkpoint (remote-authoritative) may do this."""
         self._check_usable()
+        # Documents may carry fields for the checkpoint they commit with (pipeline/view_errors.py: errors a backfill
+        # found, whose checkpoint its caller builds).
+        extra = getattr(documents, "checkpoint_fields", None)
+        if extra:
+            runtime_checkpoint = {**runtime_checkpoint, **extra}
         commit_wait = self._finish_commit_in_flight()
         upstreams = {derived.upstream for derived in self._derived}
         for batch in columnar:

@@ -13,7 +13,9 @@ Spark replays after a crash (offsets written, commit not) is recognised and not 
 Materialized views over the source are further bindings of the same transaction (view_changes.py). Their
 partial documents are computed on the DataFrame Spark handed to foreachBatch (persisted once, since both the
 collection above and the views read it), not on a frame rebuilt from the collected Arrow table; the old
-versions of replaced rows are a small extra frame, unioned only when the batch has replacements."""
+versions of replaced rows are a small extra frame, unioned only when the batch has replacements. A change a view
+cannot evaluate (a cast out of range, a division by zero) does not fail the batch: the batch takes that path, the
+change is left out of that view only and its error rides in the checkpoint (pipeline/view_errors.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,8 @@ from headrace.materialize.runtime import Runtime
 from headrace.materialize.sources import source_binding
 from headrace.pipeline.quarantine import (QUARANTINE_FIELD, QUARANTINE_SOURCE_FIELD, QuarantinedRecord,
                                           refused_records, without_records)
-from headrace.pipeline.view_changes import OneJobBatch, SourceView, batch_changes, input_table, view_documents_of
+from headrace.pipeline.view_changes import OneJobBatch, SourceView, batch_changes, input_table, view_documents_isolating
+from headrace.pipeline.view_errors import ERRORS_FIELD, ErrorEntry, is_data_error
 
 log = logging.getLogger(__name__)
 # A batch taking longer is logged with where its time went (HEADRACE_SLOW_BATCH_S=0 logs every batch).
@@ -68,8 +71,18 @@ class SourceBatches:
             return
         started = time.monotonic()
         if self.one_job is not None:
-            self._one_job(frame, batch_id, started)
-            return
+            try:
+                self._one_job(frame, batch_id, started)
+                return
+            except Exception as exc:  # noqa: BLE001 - a row a view cannot evaluate: the general path isolates it
+                if not is_data_error(exc):
+                    raise
+                log.warning("%s: batch %d has changes a view cannot evaluate; isolating them (pipeline/view_errors.py)",
+                            self.source.materialization, batch_id)
+        self._persisted(frame, batch_id, started)
+
+    def _persisted(self, frame: DataFrame, batch_id: int, started: float) -> None:
+        """The batch computed on the DataFrame persisted once, each view by a Spark job of its own."""
         if self.views:
             frame = frame.persist()  # read and decoded once for the collection and every view
         persisted = frame
@@ -84,7 +97,9 @@ class SourceBatches:
                 table, frame = self._quarantine(refused, table, frame, checkpoint)
             source_rows = self.source_rows(table)
             collected = time.monotonic()
-            documents = list(self._view_documents(frame, table)) if self.views and table.num_rows else []
+            documents, errors = self._view_documents(frame, table) if self.views and table.num_rows else ([], [])
+            if errors:  # the error states of rows a view cannot evaluate (pipeline/view_errors.py)
+                checkpoint[ERRORS_FIELD] = errors
             viewed = time.monotonic()
         finally:
             if self.views:
@@ -162,9 +177,10 @@ class SourceBatches:
             kept, deleted = table, None
         return StoreColumns(0, rows=input_table(self.source, kept), deleted=deleted)
 
-    def _view_documents(self, frame: DataFrame, table: pa.Table) -> Iterator[tuple[int, list[Any], dict[str, Any]]]:
+    def _view_documents(self, frame: DataFrame, table: pa.Table) -> tuple[list[tuple[int, list[Any], dict[str, Any]]],
+                                                                          list[ErrorEntry]]:
         changes = batch_changes(frame, self.source, table, self.log_dir)
-        return view_documents_of(self.views, changes)
+        return view_documents_isolating(self.views, changes)
 
 
 def spark_committed_batch(checkpoint_dir: Path) -> int | None:

@@ -133,9 +133,13 @@ class TableBatches:
                       "views": self.view_ids}
         documents: list[tuple[int, list[Any], Document]] = net_documents(self.table, records)
         if self.views:
-            from headrace.pipeline.table_views import view_documents_for
+            from headrace.pipeline.table_views import view_documents_and_errors
+            from headrace.pipeline.view_errors import ERRORS_FIELD
 
-            documents.extend(view_documents_for(frame.sparkSession, self.table, self.views, records))
+            found, errors = view_documents_and_errors(frame.sparkSession, self.table, self.views, records)
+            documents.extend(found)
+            if errors:  # rows a view cannot evaluate: errors of the view, not a failed batch (pipeline/view_errors.py)
+                checkpoint[ERRORS_FIELD] = errors
         self.runtime.transact(documents, checkpoint)
         self.committed_batch_id = batch_id
         self.last_batch_seconds = time.monotonic() - started

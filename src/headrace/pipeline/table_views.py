@@ -24,7 +24,8 @@ import pyarrow as pa
 from headrace.catalog.tables import HIDDEN_VERSION, Table
 from headrace.catalog.views import MaterializedView
 from headrace.log.reader import read_records
-from headrace.pipeline.view_changes import SourceView, view_documents_of
+from headrace.pipeline.view_changes import SourceView, documents_isolating_changes, view_documents_of
+from headrace.pipeline.view_errors import DocumentsWithErrors, ErrorEntry, is_data_error
 from headrace.sql.parser import parse_statement
 from headrace.sql.views import InputRelation, compile_view
 from headrace.store.table_log import DELETE, Document, RowChange, decode_changes
@@ -101,18 +102,26 @@ def _contract_value(pg_type: str, value: Any) -> Any:
     return value
 
 
-def view_documents_for(spark: Any, table: Table, views: Sequence[SourceView],
-                       records: Sequence[list[RowChange]]) -> list[tuple[int, list[Any], Document]]:
+def view_documents_and_errors(spark: Any, table: Table, views: Sequence[SourceView], records: Sequence[list[RowChange]],
+                              ) -> tuple[list[tuple[int, list[Any], Document]], list[ErrorEntry]]:
+    """Every view's documents for the records' changes, and the error entries of changes a view cannot evaluate (left
+    out of it: pipeline/view_errors.py)."""
     rows = change_rows(table, records)
     if rows.num_rows == 0:
-        return []
-    return list(view_documents_of(views, spark.createDataFrame(rows)))
+        return [], []
+    try:
+        return list(view_documents_of(views, spark.createDataFrame(rows))), []
+    except Exception as exc:  # noqa: BLE001 - data errors only, the rest re-raised
+        if not is_data_error(exc):
+            raise
+    return documents_isolating_changes(views, spark, rows)
 
 
 def backfill_documents(spark: Any, table: Table, log_dir: Path, end: int,
-                       views: Sequence[SourceView]) -> list[tuple[int, list[Any], Document]]:
+                       views: Sequence[SourceView]) -> DocumentsWithErrors:
     """Documents of `views` over the table's live rows in the log before `end` (as +1 changes), for
-    Pipeline._backfill (pipeline/process.py), which commits them with the checkpoint listing the views."""
+    Pipeline._backfill (pipeline/process.py), which commits them with the checkpoint listing the views (and the
+    errors of rows a view cannot evaluate: DocumentsWithErrors)."""
     live: dict[tuple[Any, ...], Document] = {}
     for _, payload in read_records(log_dir, 0, end) if end > 0 else ():
         for change in decode_changes(payload):
@@ -122,8 +131,11 @@ def backfill_documents(spark: Any, table: Table, log_dir: Path, end: int,
                 assert change.new is not None
                 live[change.key] = change.new
     documents: list[tuple[int, list[Any], Document]] = []
+    errors: list[ErrorEntry] = []
     items = list(live.items())
     for start in range(0, len(items), BACKFILL_CHUNK_ROWS):
         chunk = [[RowChange("i", key, row, None)] for key, row in items[start:start + BACKFILL_CHUNK_ROWS]]
-        documents.extend(view_documents_for(spark, table, views, chunk))
-    return documents
+        found, found_errors = view_documents_and_errors(spark, table, views, chunk)
+        documents.extend(found)
+        errors.extend(found_errors)
+    return DocumentsWithErrors(documents, errors)

@@ -42,6 +42,8 @@ from headrace.materialize.protocol import Binding
 from headrace.materialize.runtime import DerivedBinding
 from headrace.materialize.sources import source_relation
 from headrace.pipeline.quarantine import record_refusal
+from headrace.pipeline.view_errors import (ERRORS_FIELD, DocumentsWithErrors, ErrorEntry, documents_isolating_errors,
+                                           error_entries, is_data_error, isolate)
 from headrace.sql.parser import parse_statement
 from headrace.sql.view_serving import view_binding
 from headrace.sql.view_chain import chain_refusal, row_changes, stored_fields
@@ -143,7 +145,11 @@ def derived_bindings(spark: Any, views: Sequence[SourceView]) -> list[DerivedBin
             schema = pa.schema([*fields, ("hr_diff", pa.int32()), ("hr_seq", pa.int64()), ("hr_row", pa.string()),
                                 ("hr_at", pa.int64())])
             table = pa.Table.from_pylist(rows, schema=schema)
-            return view_documents(view.plan, spark.createDataFrame(table))
+            documents, failing = isolate(lambda part: view_documents(view.plan, spark.createDataFrame(part))
+                                         if part.num_rows else [], table)
+            if failing:  # errors of the downstream view, in this transaction's checkpoint (pipeline/view_errors.py)
+                checkpoint.setdefault(ERRORS_FIELD, []).extend(error_entries(view.view.id, table, failing))
+            return documents
 
         derived.append(DerivedBinding(upstream=upstream.index, binding=view.index, derive=derive))
     return derived
@@ -343,6 +349,33 @@ class OneJobBatch:
         return documents, columnar
 
 
+def view_documents_isolating(views: Sequence[SourceView], changes: Any) -> tuple[list[tuple[int, list[Any], Document]],
+                                                                                   list[ErrorEntry]]:
+    """`view_documents_of`, with the changes a view cannot evaluate left out of it and returned as its error entries
+    (pipeline/view_errors.py): one Spark job per view while nothing fails; the changes collected and bisected when
+    something does."""
+    try:
+        return list(view_documents_of(views, changes)), []
+    except Exception as exc:  # noqa: BLE001 - data errors only, the rest re-raised
+        if not is_data_error(exc):
+            raise
+    return documents_isolating_changes([view for view in views if view.upstream is None], changes.sparkSession,
+                                       changes.toArrow())
+
+
+def documents_isolating_changes(views: Sequence[SourceView], spark: Any, changes: pa.Table,
+                                ) -> tuple[list[tuple[int, list[Any], Document]], list[ErrorEntry]]:
+    """Each view's documents over the collected `changes` it can evaluate, and the error entries of the rest."""
+    from headrace.pipeline.views import view_documents
+
+    def compute(view: SourceView, part: pa.Table) -> list[tuple[int, list[Any], Document]]:
+        if part.num_rows == 0:
+            return []
+        return [(view.index, key, doc) for key, doc in view_documents(view.plan, spark.createDataFrame(part))]
+
+    return documents_isolating_errors(views, changes, compute)
+
+
 def view_documents_of(views: Sequence[SourceView], changes: Any) -> Iterator[tuple[int, list[Any], Document]]:
     """Every view's partial documents for one transaction's changes, as (binding, key, doc)."""
     from headrace.pipeline.views import view_documents
@@ -362,17 +395,19 @@ def view_documents_of(views: Sequence[SourceView], changes: Any) -> Iterator[tup
 # ---------------------------------------------------------------------------------------------- backfill
 
 def backfill_documents(spark: Any, source: WebhookSource, log_dir: Path, end: int,
-                       views: Sequence[SourceView]) -> list[tuple[int, list[Any], Document]]:
-    """Partial documents of `views` over the source's live rows in the log before `end` (see module docstring).
+                       views: Sequence[SourceView]) -> DocumentsWithErrors:
+    """Partial documents of `views` over the source's live rows in the log before `end` (see module docstring), with
+    the errors of rows a view cannot evaluate (committed with them: DocumentsWithErrors).
     Chunks are separate Spark jobs; the runtime combines their documents per key (partials reduce)."""
     if end <= 0 or not views:
-        return []
+        return DocumentsWithErrors()
     replaced: set[int] = set()
     for _, payload in read_records(log_dir, 0, end):  # pass 1: which rows were replaced later
         prev = decode_fields(payload)[4]
         if prev is not None:
             replaced.add(prev)
-    documents: list[tuple[int, list[Any], Document]] = []
+    documents = DocumentsWithErrors()
+    errors: list[ErrorEntry] = []
     chunk: dict[str, list[Any]] = {name: [] for name in _LOG_SCHEMA.names}
     for offset, payload in read_records(log_dir, 0, end):  # pass 2: the live rows, as +1 changes
         if offset in replaced:
@@ -383,14 +418,16 @@ def backfill_documents(spark: Any, source: WebhookSource, log_dir: Path, end: in
         for name, value in zip(_LOG_SCHEMA.names, (offset, received_at_us, key, headers, body)):
             chunk[name].append(value)
         if len(chunk["log_offset"]) >= BACKFILL_CHUNK_ROWS:
-            documents.extend(_chunk_documents(spark, source, chunk, views))
+            _add_chunk_documents(spark, source, chunk, views, documents, errors)
             chunk = {name: [] for name in _LOG_SCHEMA.names}
     if chunk["log_offset"]:
-        documents.extend(_chunk_documents(spark, source, chunk, views))
-    return documents
+        _add_chunk_documents(spark, source, chunk, views, documents, errors)
+    return DocumentsWithErrors(documents, errors)
 
 
-def _chunk_documents(spark: Any, source: WebhookSource, chunk: dict[str, list[Any]],
-                     views: Sequence[SourceView]) -> list[tuple[int, list[Any], Document]]:
+def _add_chunk_documents(spark: Any, source: WebhookSource, chunk: dict[str, list[Any]], views: Sequence[SourceView],
+                         documents: list[tuple[int, list[Any], Document]], errors: list[ErrorEntry]) -> None:
     changes = changes_frame(spark, source, pa.table(chunk, schema=_LOG_SCHEMA), None)
-    return list(view_documents_of(views, changes))
+    found, found_errors = view_documents_isolating(views, changes)
+    documents.extend(found)
+    errors.extend(found_errors)

@@ -8,6 +8,8 @@
     headrace_internal.pipeline_status    one row: the pipeline process's state, restarts, last error (pipeline/status.py)
     headrace_internal.quarantined_records  log records the store refused, set aside (store/quarantine.py); the
                                          one relation read from the serving store itself (durable)
+    headrace_internal.view_errors        rows materialized views cannot compute, with their SQLSTATE and message
+                                         (store/view_errors.py; read from the serving store, DuckDB or PostgreSQL)
 
 The planner resolves them by name (`exists`); `bind` points the planned DuckDB SQL at a per-cursor
 name, and `register` puts a fresh Arrow snapshot under that name on the cursor that runs the query,
@@ -30,6 +32,8 @@ from headrace.store.query import describe_query, translate_error
 from headrace.store.quarantine import COLUMNS as QUARANTINE_COLUMNS
 from headrace.store.quarantine import quarantine_snapshot
 from headrace.store.serving import ServingStore
+from headrace.store.view_errors import RELATION_COLUMNS as VIEW_ERROR_COLUMNS
+from headrace.store.view_errors import relation_rows as view_error_rows
 from headrace.webhook.ingest import IngestRegistry
 from headrace.webhook.metrics import COUNTER_COLUMNS, counter_rows
 from headrace.webhook.request_log import REQUEST_COLUMNS, request_rows
@@ -66,6 +70,7 @@ class SystemTables:
             "source_status": SystemRelation(STATUS_COLUMNS, self.pipeline_status.rows),
             "pipeline_status": SystemRelation(PIPELINE_COLUMNS, self.pipeline_status.pipeline_rows),
             "quarantined_records": SystemRelation(QUARANTINE_COLUMNS, tuple, read=quarantine_snapshot),
+            "view_errors": SystemRelation(VIEW_ERROR_COLUMNS, view_error_rows),
             "webhook_counters": SystemRelation(
                 COUNTER_COLUMNS, lambda: counter_rows((key, ingestor.metrics) for key, ingestor in registry.items())),
             "webhook_requests": SystemRelation(

@@ -38,6 +38,7 @@ from headrace.materialize.protocol import (
     PROTOCOL_VERSION, Applied, Apply, FieldConstraint, MaterializationSpec, Spec, SpecResponse, StartedCommit,
     Validate, Validated, ValidatedBinding, field_constraint)
 from headrace.store.postgres_serving import PostgresServingStore, column_type, record_quarantined
+from headrace.store.view_errors import commit_ended, commit_starting, record_view_errors
 from headrace.store.serving import CHANGELOG_COLUMNS, CHECKPOINTS_TABLE, changelog_table, schema_and_table
 
 
@@ -85,12 +86,16 @@ class PostgresServingTransactor(PostgresTransactor):
                        timestamp: int | None) -> int:
         refused, self._refused = self._refused, []
         record_quarantined(cursor, self._name, runtime_checkpoint, refused)
+        commit_ended(self)  # a previous commit of errors that failed is no longer in flight
+        if record_view_errors(cursor, runtime_checkpoint, placeholder="%s"):  # store/view_errors.py
+            commit_starting(self)  # ended by _committed
         cursor.execute(f"UPDATE {CHECKPOINTS_TABLE} SET checkpoint = %s, committed_at = %s "
                        "WHERE materialization = %s AND key_begin = %s AND key_end = %s AND fence = %s",
                        [Jsonb(runtime_checkpoint), timestamp, self._name, *self._key_range, self._fence])
         return cursor.rowcount
 
     def _committed(self) -> None:
+        commit_ended(self)
         self._store.note_committed()  # readers (SUBSCRIBE, sinks, arrangements) catch up
 
     def _insert(self, cursor: psycopg.Cursor[Any], plan: TablePlan, rows: pa.Table, computed_document: bool,

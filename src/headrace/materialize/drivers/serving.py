@@ -36,6 +36,7 @@ from headrace.materialize.protocol import (
     LoadedColumns, MaterializationError, Open, Opened, Spec, SpecResponse, StartedCommit, Store, StoreColumns,
     Validate, Validated, ValidatedBinding, field_constraint)
 from headrace.store.quarantine import quarantine_entries, record_quarantined, refused_rows
+from headrace.store.view_errors import commit_ended, commit_starting, record_view_errors
 from headrace.store.table_types import arrow_type as exact_arrow_type
 from headrace.store.table_types import document_select_sql, is_exact_store_type
 from headrace.store.table_types import to_arrow as exact_to_arrow
@@ -413,6 +414,7 @@ class ServingTransactor:
             for binding_index, stores in staged.items():
                 self._apply_stores(cursor, self._plans[binding_index], stores, timestamp)
             record_quarantined(cursor, self._name, runtime_checkpoint, refused)  # rows set aside, if any
+            errors_changed = record_view_errors(cursor, runtime_checkpoint)  # views' errors (store/view_errors.py)
             updated = cursor.execute(
                 f"UPDATE {CHECKPOINTS_TABLE} SET checkpoint = ?, committed_at = ? "
                 "WHERE materialization = ? AND key_begin = ? AND key_end = ? AND fence = ?",
@@ -420,7 +422,13 @@ class ServingTransactor:
                  self._fence]).fetchone()
             if updated is None or updated[0] != 1:
                 raise self._fenced_off()
-            cursor.commit()
+            if errors_changed:
+                commit_starting(self)
+            try:
+                cursor.commit()
+            finally:
+                if errors_changed:
+                    commit_ended(self)
             self._store.note_committed()  # in-memory indexes catch up (store/arrangements.py)
         except duckdb.TransactionException:
             # A write conflict with another runtime's open or commit is fencing too; anything else is re-raised.

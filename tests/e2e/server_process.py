@@ -177,3 +177,14 @@ def wait_for(predicate, timeout: float, interval: float = 0.2, message: str = "c
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {message}; last value {last!r}")
+
+
+def select_after_cold_start(conn: psycopg.Connection, sql: str, attempts: int = 5) -> list[tuple[object, ...]]:
+    """A read right after a (re)start waits for Spark's cold start and first micro-batch, which on a loaded machine
+    can exceed one read's 60 s bound (57P03): try again, as a client would."""
+    for _ in range(attempts - 1):
+        try:
+            return conn.execute(sql).fetchall()
+        except psycopg.errors.CannotConnectNow:
+            continue
+    return conn.execute(sql).fetchall()

@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 from tests.e2e.server_process import HeadraceProcess
-from tests.e2e.test_tables import fresh, pipeline_warm, select_after_cold_start  # noqa: F401 - module fixture
+from tests.e2e.server_process import select_after_cold_start
+from tests.e2e.test_tables import fresh, pipeline_warm  # noqa: F401 - module fixture
 
 pytestmark = pytest.mark.e2e
 

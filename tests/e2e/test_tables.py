@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.e2e.server_process import HeadraceProcess
+from tests.e2e.server_process import HeadraceProcess, select_after_cold_start
 
 pytestmark = pytest.mark.e2e
 
@@ -35,17 +35,6 @@ def pipeline_warm(server: HeadraceProcess) -> None:
             except psycopg.errors.CannotConnectNow:
                 continue
         conn.execute(f"DROP TABLE {name}")
-
-
-def select_after_cold_start(conn: psycopg.Connection, sql: str, attempts: int = 5) -> list[tuple[object, ...]]:
-    """A read right after a (re)start waits for Spark's cold start and first micro-batch, which on a loaded machine
-    can exceed one read's 60 s bound (57P03): try again, as a client would."""
-    for _ in range(attempts - 1):
-        try:
-            return conn.execute(sql).fetchall()
-        except psycopg.errors.CannotConnectNow:
-            continue
-    return conn.execute(sql).fetchall()
 
 
 def psql(server: HeadraceProcess, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

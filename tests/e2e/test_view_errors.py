@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from tests.e2e.server_process import HeadraceProcess, wait_for
+from tests.e2e.server_process import select_after_cold_start as read
 from tests.e2e.webhook_client import post_webhook
 from tests.real_servers.postgres import shared_cluster
 
@@ -34,16 +35,6 @@ def postgres() -> Iterator[psycopg.Connection]:
     """A database of the shared PostgreSQL 15 cluster: the truth for errors' SQLSTATEs and messages."""
     with psycopg.connect(shared_cluster().create_database(fresh("view_errors")), autocommit=True) as conn:
         yield conn
-
-
-def read(conn: psycopg.Connection, sql: str, attempts: int = 5) -> list[tuple[object, ...]]:
-    """A read that may meet Spark's cold start (57P03 after 60 s on a loaded machine): tried again as a client would."""
-    for _ in range(attempts - 1):
-        try:
-            return conn.execute(sql).fetchall()
-        except psycopg.errors.CannotConnectNow:
-            continue
-    return conn.execute(sql).fetchall()
 
 
 def error_of(conn: psycopg.Connection, sql: str) -> tuple[str | None, str | None]:

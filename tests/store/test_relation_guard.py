@@ -38,7 +38,7 @@ def test_the_owner_cannot_change_a_managed_relation_behind_headrace(store: Postg
         with store.pool.connection() as conn:
             statements = relation_guard_postgres.give_to_owner(conn, relation, owner)
             conn.rollback()
-        store.execute(*statements, f"GRANT SELECT ON {relation} TO {owner}", relation_guard_postgres.record_acl(relation))
+        store.execute(*statements, f"GRANT SELECT ON {relation} TO {owner}")  # the guard records the ACL
     assert store.execute("SELECT pg_get_userbyid(relowner)::text FROM pg_class WHERE oid = 'public.kept'::regclass"
                          ) == [(owner,)]
     as_owner = make_conninfo(**{**conninfo_to_dict(store.conninfo), "user": owner})

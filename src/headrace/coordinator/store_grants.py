@@ -112,8 +112,6 @@ class StoreGrants:
                        if role == PUBLIC or self._roles.find(role) is not None]
         if readers:
             statements.append(f"GRANT SELECT ON {relation} TO " + ", ".join(_grantee(role) for role in sorted(readers)))
-        if self._owned_by_creators:
-            statements.append(relation_guard_postgres.record_acl(relation))
         return statements
 
     def _wanted(self, superusers: frozenset[str]) -> dict[str, Wanted]:

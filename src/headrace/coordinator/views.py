@@ -53,7 +53,6 @@ from headrace.store import view_errors
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import CHECKPOINTS_TABLE, ServingStore
 from headrace.store.view_errors import (
-    ERROR_ROWS_DDL,
     delete_view_errors_sql,
     erroring_view_ids_sql,
     first_error_sql,
@@ -89,7 +88,7 @@ class ViewDdl:
         self._plans: dict[str, ViewPlan] = {}
         # Sinks reading relations (coordinator/sinks.py): DROP refuses, or drops them with CASCADE.
         self.sinks: Any = None
-        store.execute(VIEW_SCHEMAS_DDL, ERROR_ROWS_DDL)  # + views' errors (store/view_errors.py)
+        store.execute(VIEW_SCHEMAS_DDL)
         view_errors.serve_relation_from(store)  # headrace_internal.view_errors
 
     # ---- the dependency graph -----------------------------------------------------------------

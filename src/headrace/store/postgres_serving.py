@@ -41,6 +41,7 @@ from headrace.materialize.drivers.postgres_sql import MAX_IDENTIFIER_BYTES, duck
 from headrace.materialize.drivers.postgres_tables import existing_columns, primary_key
 from headrace.materialize.protocol import Binding
 from headrace.store.quarantine import QUARANTINE_FIELD, QUARANTINE_SOURCE_FIELD, QUARANTINE_TABLE
+from headrace.store.view_errors import ERROR_ROWS_DDL
 from headrace.store.serving import (
     CHANGELOG_COLUMNS,
     CHANGELOG_PREFIX,
@@ -191,6 +192,7 @@ class PostgresServingStore(CommitClock):
                          "materialization text NOT NULL, log_offset bigint NOT NULL, received_at timestamptz, "
                          "sqlstate text NOT NULL, reason text NOT NULL, quarantined_at timestamptz NOT NULL, "
                          "PRIMARY KEY (materialization, log_offset))")
+            conn.execute(ERROR_ROWS_DDL)  # views' errors (store/view_errors.py)
             row = conn.execute(f"SELECT max(committed_at) FROM {CHECKPOINTS_TABLE}").fetchone()
             conn.commit()
         self._last_timestamp = int(row[0]) if row and row[0] is not None else 0

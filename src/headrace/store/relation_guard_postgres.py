@@ -28,6 +28,7 @@ import psycopg
 
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import Statement, quote_ident
+from headrace.store.table_relation_postgres import relkind
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +118,11 @@ def give_to_owner(conn: psycopg.Connection[Any], relation: str, owner: str) -> l
     (store_grants adds SELECT back as headrace's ACL says), and for a view SELECT on what it reads, as PostgreSQL
     checks a view's reads with its owner's privileges (the storage in headrace_internal: the same rows)."""
     quoted_owner = quote_ident(owner)
-    kind = conn.execute("SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)", [relation]).fetchone()
+    kind = relkind(conn, relation)
     if kind is None:
         return []
     statements: list[Statement] = [f"ALTER TABLE {relation} OWNER TO {quoted_owner}", f"REVOKE ALL ON {relation} FROM {quoted_owner}"]
-    if kind[0] == "v":
+    if kind == "v":
         reads = conn.execute(
             "SELECT DISTINCT quote_ident(n.nspname), quote_ident(c.relname) FROM pg_rewrite r "
             "JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid "
@@ -130,12 +131,7 @@ def give_to_owner(conn: psycopg.Connection[Any], relation: str, owner: str) -> l
         for schema in sorted({row[0] for row in reads}):
             statements.append(f"GRANT USAGE ON SCHEMA {schema} TO {quoted_owner}")
         statements += [f"GRANT SELECT ON {schema}.{name} TO {quoted_owner}" for schema, name in reads]
+    # its ACL is recorded by the guard itself at the admin's next GRANT / REVOKE (store_grants' follow at once)
     statements.append((f"INSERT INTO {MANAGED_TABLE} (relid) VALUES (to_regclass(?)) ON CONFLICT (relid) DO NOTHING",
                        (relation,)))
     return statements
-
-
-def record_acl(relation: str) -> Statement:
-    """The statement recording a relation's ACL as headrace left it (the last of a sync's statements for it)."""
-    return (f"UPDATE {MANAGED_TABLE} m SET acl = c.relacl FROM pg_class c "
-            "WHERE c.oid = m.relid AND m.relid = to_regclass(?)", (relation,))

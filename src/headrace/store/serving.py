@@ -33,6 +33,7 @@ import duckdb
 from headrace.errors import FeatureNotSupported, HeadraceError, InternalError
 from headrace.materialize.protocol import Binding
 from headrace.store.quarantine import ensure_quarantine_table
+from headrace.store.view_errors import ERROR_ROWS_DDL
 from headrace.store.table_types import is_exact_store_type  # tables' DECIMAL(p,s), DATE, TIMESTAMP, UUID, INTERVAL
 
 INTERNAL_SCHEMA = "headrace_internal"
@@ -183,6 +184,7 @@ class ServingStore(CommitClock):
                                  "changelog VARCHAR PRIMARY KEY, since BIGINT NOT NULL)")
         # Here, once, not at each driver Open: concurrent Opens racing on its CREATE conflict in DuckDB's catalog.
         ensure_quarantine_table(self._connection)
+        self._connection.execute(ERROR_ROWS_DDL)  # views' errors (store/view_errors.py), likewise
         row = self._connection.execute(f"SELECT max(committed_at) FROM {CHECKPOINTS_TABLE}").fetchone()
         self._last_timestamp = int(row[0]) if row and row[0] is not None else 0
         # Data commits so far (note_committed): in-memory readers (store/arrangements.py) compare it to

@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-ERRORS_FIELD = "view_errors"  # in a runtime checkpoint
+ERRORS_FIELD = "view_errors"  # in a runtime checkpoint (the table: created once by each serving store)
 ERROR_ROWS_TABLE = "headrace_internal.view_error_rows"
 ERRORS_RELATION = "view_errors"
 ERROR_ROWS_DDL = (f"CREATE TABLE IF NOT EXISTS {ERROR_ROWS_TABLE} (view_id VARCHAR NOT NULL, row_key VARCHAR NOT NULL, "
@@ -88,7 +88,6 @@ def record_view_errors(cursor: Any, runtime_checkpoint: dict[str, Any], placehol
     if not entries:
         return False
     p = placeholder
-    cursor.execute(ERROR_ROWS_DDL)
     for view_id, row_key, sqlstate, message in entries:
         if sqlstate is None:
             cursor.execute(f"DELETE FROM {ERROR_ROWS_TABLE} WHERE view_id = {p} AND row_key = {p}",

@@ -40,11 +40,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="the store PostgreSQL: a postgresql:// URL of an existing server (its role needs CREATEROLE "
                          "and to own the URL's database; docs/store.md), or by default (also env HEADRACE_STORE) a "
                          "private PostgreSQL 15 cluster run by headrace under <data-dir>/postgres")
-    up.add_argument("--serving-store", choices=("duckdb", "postgres"),
-                    default=os.environ.get("HEADRACE_SERVING_STORE") or "duckdb",
-                    help="where sources', tables' and views' rows are kept: the DuckDB file <data-dir>/store.duckdb "
-                         "(default) or the store PostgreSQL, where SELECTs over them then run (also env "
-                         "HEADRACE_SERVING_STORE; docs/store.md)")
+    up.add_argument("--serving-store", choices=("postgres", "duckdb"),
+                    default=os.environ.get("HEADRACE_SERVING_STORE") or None,
+                    help="where sources', tables' and views' rows are kept: the store PostgreSQL, where SELECTs over "
+                         "them run (the default for a new data directory), or the DuckDB file <data-dir>/store.duckdb; "
+                         "a data directory keeps the choice of its first start (also env HEADRACE_SERVING_STORE; "
+                         "docs/store.md)")
     up.add_argument("--store-threads", type=int, default=None,
                     help="DuckDB worker threads of the serving store (default: one per core but one, which is left "
                          "to the server's event loop)")
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         from headrace.pgwire.limits import PgLimits
         from headrace.server import DataDirLocked, InsecureConfiguration, ServerConfig, run
         from headrace.store.postgres_server import StoreUnavailable
+        from headrace.store.serving_choice import ServingStoreMismatch
         from headrace.webhook.ingest import IngestSettings
 
         webhook_settings = IngestSettings(
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
                              insecure=args.insecure, allow_commands=tuple(args.allow_commands),
                              allow_directories=tuple(args.allow_directories), store_url=args.store,
                              serving_store=args.serving_store))
-        except (DataDirLocked, InsecureConfiguration, StoreUnavailable, BadSparkMaster) as exc:
+        except (DataDirLocked, InsecureConfiguration, StoreUnavailable, BadSparkMaster, ServingStoreMismatch) as exc:
             print(f"headrace: {exc}", file=sys.stderr)
             sys.exit(1)
         except OSError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import gc
 import logging
@@ -43,6 +44,7 @@ from headrace.sql import limits as sql_limits
 from headrace.sql.ddl import item_from_create_sql
 from headrace.sql.limits import DEFAULT_MAX_STATEMENT_BYTES
 from headrace.store.postgres_server import PostgresStore
+from headrace.store.serving_choice import ServingStoreMismatch, choose_serving_store
 from headrace.store.query import STATIC_SETTINGS
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import ServingStore
@@ -77,8 +79,9 @@ class ServerConfig:
     allow_directories: tuple[str, ...] = ()
     # The store PostgreSQL (docs/store.md): None runs a private cluster under <data_dir>/postgres; a URL uses that server.
     store_url: str | None = None
-    # Where sources', tables' and views' rows live: "duckdb" (<data_dir>/store.duckdb) or "postgres" (the store PostgreSQL).
-    serving_store: str = "duckdb"
+    # Where sources', tables' and views' rows live: "postgres" (the store PostgreSQL) or "duckdb" (<data_dir>/store.duckdb);
+    # None: what the data directory chose at its first start, else postgres (store/serving_choice.py).
+    serving_store: str | None = None
 
 
 class DataDirLocked(Exception):
@@ -166,6 +169,11 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     STATIC_SETTINGS["max_connections"] = str(config.pg_limits.max_connections)
     lock = lock_data_dir(config.data_dir)
     layout = DataLayout(config.data_dir.resolve())
+    try:
+        config = dataclasses.replace(config, serving_store=choose_serving_store(layout.root, config.serving_store))
+    except ServingStoreMismatch:
+        os.close(lock)
+        raise
     roles = RoleCatalog(layout.root)
     # Checked at once (binaries, URL), started in a thread while the rest of headrace and the pipeline start: initdb
     # and pg_ctl are ~1 s on a first start; stopped last, after everything that uses it.

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import psycopg
 
-# `HEADRACE_SERVING_STORE=postgres` runs the suite's servers on the PostgreSQL serving store (docs/store.md): catalog
-# answers are then PostgreSQL's own where they differ from DuckDB mode's emulation (tests assert each).
-SERVING_ON_POSTGRES = os.environ.get("HEADRACE_SERVING_STORE") == "postgres"
+# The suite's servers keep their rows in the store PostgreSQL (the default, docs/store.md); `HEADRACE_SERVING_STORE=duckdb`
+# runs them on the DuckDB serving store instead, whose catalog answers are headrace's emulation where they differ from
+# PostgreSQL's own (tests assert each).
+SERVING_ON_POSTGRES = os.environ.get("HEADRACE_SERVING_STORE", "postgres") == "postgres"
 
 from headrace.store.postgres_cluster import find_bindir, pg_ctl_stop, postmaster_pid, server_account
 from tests.real_servers.postgres import new_store_database

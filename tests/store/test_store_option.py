@@ -37,3 +37,13 @@ def test_a_store_that_does_not_connect_stops_headrace(tmp_path: Path) -> None:
     assert "headrace is up" not in ran.stdout
     if not SERVING_ON_POSTGRES:  # with the PostgreSQL serving store nothing starts before the store answers
         assert "headrace: shutting down" in ran.stdout  # what had started was stopped in order
+
+
+def test_a_serving_store_other_than_the_data_directorys_is_refused(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "serving-store").write_text("duckdb\n")  # as its first start recorded it
+    ran = _headrace_up(data_dir, "--serving-store", "postgres")
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "keeps its sources', tables' and views' rows in the DuckDB file store.duckdb" in ran.stderr
+    assert "headrace is up" not in ran.stdout

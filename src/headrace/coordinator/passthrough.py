@@ -39,6 +39,7 @@ from headrace.sql.ast import (CopyStatement, DiscardStatement, ResetVariable, Sa
 from headrace.errors import HeadraceError
 from headrace.store.postgres_roles import RoleMirrorError
 from headrace.store.postgres_server import PostgresStore, StoreUnavailable
+from headrace.cancel import when_set
 from headrace.store.backend import BINARY_FORMAT, TEXT_FORMAT, BackendColumn, BackendConnection, BackendResult
 
 RelationExists = Callable[[str, str], bool]
@@ -444,20 +445,17 @@ class Passthrough:
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
 
     async def _cancellable(self, backend: BackendState, cancel: asyncio.Event, work: Awaitable[Any]) -> Any:
-        running = asyncio.ensure_future(work)
-        cancelled = asyncio.ensure_future(cancel.wait())
+        loop = asyncio.get_running_loop()
+        # PostgreSQL ends the statement with its own 57014, which `work` then raises
+        stop_watching = when_set(cancel, lambda: loop.run_in_executor(self._executor, backend.connection.cancel))
         try:
-            done, _ = await asyncio.wait({running, cancelled}, return_when=asyncio.FIRST_COMPLETED)
-            if running not in done:
-                await self._run(backend.connection.cancel)  # PostgreSQL ends it with its own 57014
-            return await running
+            return await work
         except asyncio.CancelledError:  # the client went away: the statement must not run on, nor the backend stay
             self._backends.pop(backend.connection_id, None)
-            running.cancel()
             self._executor.submit(_cancel_and_close, backend.connection)
             raise
         finally:
-            cancelled.cancel()
+            stop_watching()
 
 
 def _close_soon(connection: BackendConnection, executor: ThreadPoolExecutor) -> None:

@@ -48,6 +48,7 @@ from headrace.coordinator.responses import (
     SendingRows,
     Subscribing,
 )
+from headrace.cancel import CancelSignal
 from headrace.errors import FeatureNotSupported, HeadraceError, QueryCanceled
 from headrace.http.body import BodyTimeout, read_body, request_timeout
 from headrace.http.origin import OriginPolicy, OriginVerdict
@@ -152,7 +153,7 @@ class RequestRun:
     """Runs one request's statements in a session and yields what happened, in order."""
 
     session: SessionClient
-    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    cancel: asyncio.Event = field(default_factory=CancelSignal)
     allow_streaming: bool = True
 
     async def events(self, queries: Sequence[Query]) -> AsyncIterator[Event]:

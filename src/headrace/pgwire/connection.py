@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from headrace.cancel import CancelSignal
 from headrace.errors import HeadraceError, ProtocolViolation
 from headrace.pgwire import messages
 from headrace.pgwire.copy import CopyIn, Flush
@@ -337,7 +338,7 @@ class PgConnection:
         set (a cancel that arrived after its statement ended must not cancel the next one)."""
         event = self._idle_cancel
         if event is None or event.is_set():
-            event = self._idle_cancel = asyncio.Event()
+            event = self._idle_cancel = CancelSignal()
         return event
 
     # --- COPY FROM STDIN ---------------------------------------------------------------------------
@@ -365,7 +366,7 @@ class PgConnection:
                 raise CopyIn.failed(message.message)
             if not isinstance(message, messages.CopyDone):
                 raise ProtocolViolation(f"unexpected message {type(message).__name__} during COPY from stdin")
-            self._running_cancel = asyncio.Event()
+            self._running_cancel = CancelSignal()
             try:
                 if copy_in.response.relay:  # the store PostgreSQL's relation: its COPY parses the data
                     result = await session.relay_copy(copy_in.response, bytes(copy_in.buffer))

@@ -153,3 +153,25 @@ def test_relations_are_their_creators_and_change_only_through_headrace(events: H
                  60, message="the view after the update")
         conn.execute("DROP MATERIALIZED VIEW made_counts")
         conn.execute("DROP TABLE made")
+
+
+def test_system_relations_join_with_everything_else_in_postgresql(events: HeadraceProcess) -> None:
+    with psycopg.connect(events.dsn, autocommit=True) as conn:
+        # headrace's in-memory counters, as of this statement, joined with PostgreSQL's catalog and a source's rows
+        rows = conn.execute(
+            "SELECT w.source, w.accepted, c.relkind::text, (SELECT count(*) FROM events) AS stored "
+            "FROM headrace_internal.webhook_counters w JOIN pg_class c ON c.relname = w.source "
+            "AND c.relnamespace = 'public'::regnamespace WHERE w.source = 'events'").fetchall()
+        assert rows == [("events", 10, "r", 10)]
+        post_webhook(events.webhook_url("events"), json.dumps({"kind": "k9", "amount": 1}).encode(),
+                     {"content-type": "application/json"})
+        cursor = conn.execute("SELECT accepted FROM headrace_internal.webhook_counters WHERE source = %s",
+                              ["events"], prepare=True)  # the extended protocol, described by PostgreSQL
+        assert cursor.fetchall() == [(11,)]  # refreshed for each statement that reads it
+        assert [d.name for d in cursor.description] == ["accepted"]
+        states = conn.execute("SELECT s.state, v.kind FROM headrace_internal.source_status s "
+                              "CROSS JOIN LATERAL (SELECT kind FROM by_kind ORDER BY kind LIMIT 1) v "
+                              "WHERE s.source = 'public.events'").fetchall()
+        assert states == [("running", "k0")]
+        assert conn.execute("SELECT pg_typeof(last_batch_at)::text FROM headrace_internal.source_status "
+                            "LIMIT 1").fetchone() == ("timestamp with time zone",)

@@ -82,6 +82,7 @@ from headrace.sql.select import is_query, plan_select, refuse_store_only_functio
 from headrace.sql.types import TEXT_OID
 from headrace.store.postgres_server import PostgresStore
 from headrace.store.query import describe_query, probe_parameter_types, run_query_chunk, session_parameters
+from headrace.store.system_relations_postgres import SystemRelationsMirror
 from headrace.store.system_tables import SystemRelation, SystemTables
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,12 @@ class Coordinator:
         self.passthrough = Passthrough(postgres, self.privileges.is_superuser) if postgres is not None else None
         # Sources', tables' and views' rows in the store PostgreSQL: queries over them run there (docs/store.md)
         self.serving_on_postgres = resources.store.dialect == "postgres"
+        # ... where its system relations are tables too, refreshed before a statement reads them
+        # (store/system_relations_postgres.py), so they join with everything else
+        self.system_mirror = (SystemRelationsMirror(resources.store, system_tables)  # type: ignore[arg-type]
+                              if self.serving_on_postgres and system_tables is not None else None)
+        if self.system_mirror is not None:
+            self.system_mirror.create_all()
         # ... where PostgreSQL enforces headrace's SELECT privileges on them too (coordinator/store_grants.py)
         self.store_grants = (StoreGrants(catalog, self.roles, resources.store,  # type: ignore[arg-type]
                                          lambda role, superuser: postgres.ensure_role(role, superuser=superuser))
@@ -344,7 +351,7 @@ class Coordinator:
                 target = None  # not a plain table name: PostgreSQL's to judge
             if target is not None and self._relation_named(target.schema or "public", target.name):
                 return False
-        if reads_headrace_only(ast):
+        if reads_headrace_only(ast, self.system_mirror.mirrors if self.system_mirror is not None else None):
             return False
         if reads_catalog(ast) or self._headrace_relations_read(ast):
             return True
@@ -420,6 +427,9 @@ class Coordinator:
             if statement.store_reads:  # headrace's relations, kept in the store PostgreSQL
                 self.privileges.require_relations(session.user, statement.store_reads)
                 await self._sync_store_grants()
+                if self.system_mirror is not None and (system := [name for schema, name in statement.store_reads
+                                                                  if self.system_mirror.mirrors(schema, name)]):
+                    await self._run(self.system_mirror.refresh, system)
                 if session.in_block:
                     self.tables.refuse_read_of_own_writes(session, statement.sql)
                 await self.tables.wait_visible(statement.sql, cancel=cancel,

@@ -95,10 +95,12 @@ def mentions_headrace(ast: exp.Expr, relation_exists: RelationExists) -> bool:
     return False
 
 
-def reads_headrace_only(ast: exp.Expr) -> bool:
+def reads_headrace_only(ast: exp.Expr, mirrored: RelationExists | None = None) -> bool:
     """Whether `ast` reads a schema only headrace answers for even when the serving store is PostgreSQL (its
-    system relations in headrace_internal, Materialize's mz_catalog / mz_internal)."""
-    return any(table.name and table.db and table.db.lower() in _HEADRACE_ONLY_SCHEMAS for table in ast.find_all(exp.Table))
+    system relations in headrace_internal, Materialize's mz_catalog / mz_internal); `mirrored`: the system
+    relations the store also has (store/system_relations_postgres.py), which PostgreSQL may read."""
+    return any(table.name and table.db and table.db.lower() in _HEADRACE_ONLY_SCHEMAS
+               and not (mirrored is not None and mirrored(table.db, table.name)) for table in ast.find_all(exp.Table))
 
 
 # Of _HEADRACE_FUNCTIONS, those that answer from headrace's session or process rather than from relations: they stay

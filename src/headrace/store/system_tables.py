@@ -84,6 +84,12 @@ class SystemTables:
     def exists(self, schema: str, name: str) -> bool:
         return schema == SYSTEM_SCHEMA and name in self._relations
 
+    def relation(self, name: str) -> SystemRelation | None:
+        return self._relations.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._relations)
+
     def bind(self, plan: SelectPlan) -> SelectPlan:
         """Point references to system relations at the names `register` gives their snapshots."""
         if not any(name in plan.duckdb_sql for name in self._relations):

@@ -127,6 +127,9 @@ def static_scale(node: exp.Expr, types: dict[str, str], scales: dict[str, int]) 
         decimals = node.args.get("decimals")
         return _checked(max(int(decimals.this), 0), node) if decimals is not None else 0
     if isinstance(node, exp.Cast):
+        shape = cast_shape(node.to)
+        if shape is not None:
+            return shape[1]
         return 0 if type_of(node.this, types) in INTEGER_TYPES else None
     if isinstance(node, exp.Div):
         raise FeatureNotSupported(
@@ -151,6 +154,24 @@ def static_scale(node: exp.Expr, types: dict[str, str], scales: dict[str, int]) 
             branches.append(node.args["default"])
     known = {static_scale(b, types, scales) for b in branches if type_of(b, types) != "unknown"}
     return known.pop() if len(known) == 1 else None  # branches of different scales: each value keeps its own
+
+
+def cast_shape(data_type: exp.DataType) -> tuple[int, int] | None:
+    """(precision, scale) of a cast to numeric(p[,s]), None for a bare numeric or another type; refuses a shape the
+    pipeline's decimal(38,10) cannot hold."""
+    params = data_type.expressions
+    if data_type.this not in (exp.DataType.Type.DECIMAL, exp.DataType.Type.BIGDECIMAL) or not params:
+        return None
+    numbers = [int(p.this.this if isinstance(p.this, exp.Literal) else p.name) for p in params]
+    precision, scale = numbers[0], numbers[1] if len(numbers) > 1 else 0
+    if not 1 <= precision <= 1000:
+        raise FeatureNotSupported(f"NUMERIC precision {precision} must be between 1 and 1000")
+    if scale > SPARK_SCALE or precision - scale > 38 - SPARK_SCALE or scale < 0:
+        raise FeatureNotSupported(
+            f"materialized views cannot compute numeric({precision},{scale}) exactly: the pipeline's numeric holds "
+            f"at most {38 - SPARK_SCALE} integer and {SPARK_SCALE} fractional digits",
+            hint="cast to a numeric(p,s) with s <= 10 and p - s <= 28")
+    return precision, scale
 
 
 def _checked(scale: int, node: exp.Expr) -> int:

@@ -480,7 +480,9 @@ def _aggregate(index: int, call: exp.Expr, columns: dict[str, str], append_only:
                                     hint="extract a scalar with ->> and cast it")
     if function in ("array_agg", "set_agg") and arg_types[0] in ("timestamptz",):
         raise ViewRefused(f"{function} of timestamptz is not supported yet", hint="aggregate the text form: x::text")
-    arg_scale = view_numeric.static_scale(args[0], columns, scales) if arg_types and arg_types[0] == "numeric" else None
+    arg_scale = None
+    if arg_types and arg_types[0] in ("numeric", "int2", "int4", "int8"):
+        arg_scale = view_numeric.static_scale(args[0], columns, scales)  # an integer's is 0
     return Aggregate(index=index, function=function, args=tuple(args), arg_types=arg_types, filter=filter_expr,
                      output_type=output_type(function, arg_types),
                      maintenance=choose_maintenance(function, append_only, arg_types[0] if arg_types else None),

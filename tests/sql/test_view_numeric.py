@@ -96,3 +96,22 @@ def test_numeric_the_pipeline_cannot_compute_exactly_is_refused(select: str) -> 
     with pytest.raises(FeatureNotSupported) as refused:
         compile_sql(f"CREATE MATERIALIZED VIEW v AS {select}")
     assert refused.value.sqlstate == "0A000"
+
+
+def test_int8_sums_are_exact_beyond_64_bits_through_the_reduction() -> None:
+    """sum(int8) is numeric in PostgreSQL and never overflows: partials are decimal text, reduced exactly."""
+    from headrace.materialize.reduce import reducer_for_schema
+
+    plan = compile_sql("CREATE MATERIALIZED VIEW v AS SELECT sum((body->>'i')::bigint) AS s, "
+                       "avg((body->>'i')::bigint) AS a FROM events")
+    reducer = reducer_for_schema(plan.reduce_schema)
+    big = 9_000_000_000_000_000_000
+    stored = None
+    for batch in ([big, big], [big], [-big, 7]):
+        changes = [Change(seq=i, diff=1 if v > 0 or v == 7 else -1, row=f"[{i}]", at=i, args=(abs(v) if v != 7 else 7,))
+                   for i, v in enumerate(batch)]
+        state = {"rows": sum(c.diff for c in changes), **{a.field: fold(a, changes) for a in plan.aggregates}}
+        stored = plan.finalize(reducer.full(stored, {"hr_key": "[]", "hr_state": state}))
+    assert stored is not None
+    assert stored["a0"] == str(2 * big + 7)
+    assert stored["a1"] == view_numeric.text(view_numeric.numeric_div(Decimal(2 * big + 7), 0, Decimal(3)))

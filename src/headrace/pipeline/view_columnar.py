@@ -36,7 +36,9 @@ def columnar_reducible(plan: ViewPlan) -> bool:
     from headrace.pipeline.view_partials import arrow_groupable
 
     return arrow_groupable(plan) and "numeric" not in plan.group_key_types and all(
-        a.maintenance is not Maintenance.EXTREME or a.arg_types[0] in _EXTREME_TYPES for a in plan.aggregates)
+        (a.maintenance is not Maintenance.EXTREME or a.arg_types[0] in _EXTREME_TYPES)
+        and not (integer_sum(a) and a.arg_types[0] == "int8")  # decimal text sums: the document path
+        for a in plan.aggregates)
 
 
 def partials_table(plan: ViewPlan, grouped: pa.Table) -> pa.Table:
@@ -88,7 +90,7 @@ class ViewColumnarReducer:
 
 
 def _numeric_values(plan: ViewPlan, result: pa.Table) -> pa.Table:
-    """Integer sums shown as numeric (sum of int8, avg of integers) as ViewPlan.finalize shows them: PostgreSQL's
+    """Integer sums shown as numeric (avg of int2/int4) as ViewPlan.finalize shows them: PostgreSQL's
     numeric text, avg as numeric division of the exact sum by the count."""
     for aggregate in plan.aggregates:
         if aggregate.output_type != "numeric":

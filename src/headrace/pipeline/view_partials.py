@@ -57,7 +57,9 @@ def contributions(aggregate: Aggregate, translate: Any) -> list[tuple[Column, st
     if m is Maintenance.COUNT:
         return [counted]
     if m is Maintenance.SUM:
-        number = args[0].cast("bigint" if integer_sum(aggregate) else "double")  # integers' sums stay exact
+        # Integers' sums stay exact: int8's as decimal(38,0), as PostgreSQL's sum(int8) is numeric and never overflows.
+        number = args[0].cast(("decimal(38,0)" if aggregate.arg_types[0] == "int8" else "bigint")
+                              if integer_sum(aggregate) else "double")
         return [(F.when(condition, diff * number), f"{name}_s", "sum"), counted]
     if m is Maintenance.BOOL_COUNTS:
         return [(F.when(condition & args[0], diff).otherwise(0), f"{name}_t", "sum"),

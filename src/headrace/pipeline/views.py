@@ -431,7 +431,10 @@ def _partial_state(aggregate: Aggregate, row: Mapping[str, Any]) -> Any:
     if m is Maintenance.COUNT:
         return row[f"{name}_n"]
     if m is Maintenance.SUM:
-        return {"s": row[f"{name}_s"], "n": row[f"{name}_n"]}
+        total = row[f"{name}_s"]
+        if isinstance(total, Decimal):  # sum(int8): exact decimal text, summed exactly by the reduction (numbers.py)
+            total = str(int(total))
+        return {"s": total, "n": row[f"{name}_n"]}
     if m is Maintenance.BOOL_COUNTS:
         return {"t": row[f"{name}_t"], "f": row[f"{name}_f"]}
     if m is Maintenance.EXTREME:

@@ -184,7 +184,10 @@ def fold(aggregate: Aggregate, changes: Iterable[Change]) -> Any:
     if m is Maintenance.COUNT:
         return sum(c.diff for c in ordered)
     if m is Maintenance.SUM:
-        return {"s": sum(c.diff * c.args[0] for c in ordered), "n": sum(c.diff for c in ordered)}
+        total = sum(c.diff * c.args[0] for c in ordered)
+        if aggregate.arg_types[0] == "int8":  # exact beyond 64 bits: decimal text, as the pipeline sends it
+            total = str(total)
+        return {"s": total, "n": sum(c.diff for c in ordered)}
     if m is Maintenance.BOOL_COUNTS:
         return {"t": sum(c.diff for c in ordered if c.args[0]), "f": sum(c.diff for c in ordered if not c.args[0])}
     if m is Maintenance.EXTREME:
@@ -322,9 +325,10 @@ def exact_sum(counts: dict[str, int], function: str) -> float | None:
     return float(exact if function == "sum" else exact / n)
 
 
-def integer_avg(total: int | float, count: int) -> str:
-    """avg of integers as PostgreSQL computes it: the exact sum divided as numeric by the count."""
-    exact = Decimal(total) if isinstance(total, int) else Decimal(repr(total)).to_integral_value()
+def integer_avg(total: int | float | str, count: int) -> str:
+    """avg of integers as PostgreSQL computes it: the exact sum (an int8 sum's is decimal text) divided as numeric by
+    the count."""
+    exact = Decimal(total) if isinstance(total, (int, str)) else Decimal(repr(total)).to_integral_value()
     return view_numeric.text(view_numeric.numeric_div(exact, 0, Decimal(count)))
 
 

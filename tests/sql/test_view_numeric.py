@@ -115,3 +115,12 @@ def test_int8_sums_are_exact_beyond_64_bits_through_the_reduction() -> None:
     assert stored is not None
     assert stored["a0"] == str(2 * big + 7)
     assert stored["a1"] == view_numeric.text(view_numeric.numeric_div(Decimal(2 * big + 7), 0, Decimal(3)))
+
+
+def test_integer_division_in_integers_gives_numeric_div_digits() -> None:
+    r = random.Random(5)
+    for _ in range(20_000):
+        magnitude = r.choice([1, 9, 99, 9999, 10**5, 10**9, 10**19, 10**30])
+        total, count = r.randint(-magnitude, magnitude), r.randint(1, r.choice([3, 10**4, 10**9]))
+        assert view_numeric.integer_div_text(total, count) == \
+            view_numeric.text(view_numeric.numeric_div(Decimal(total), 0, Decimal(count))), (total, count)

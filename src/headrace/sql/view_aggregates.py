@@ -328,8 +328,8 @@ def exact_sum(counts: dict[str, int], function: str) -> float | None:
 def integer_avg(total: int | float | str, count: int) -> str:
     """avg of integers as PostgreSQL computes it: the exact sum (an int8 sum's is decimal text) divided as numeric by
     the count."""
-    exact = Decimal(total) if isinstance(total, (int, str)) else Decimal(repr(total)).to_integral_value()
-    return view_numeric.text(view_numeric.numeric_div(exact, 0, Decimal(count)))
+    exact = total if isinstance(total, int) else int(Decimal(total if isinstance(total, str) else repr(total)))
+    return view_numeric.integer_div_text(exact, count)
 
 
 def numeric_sum(counts: dict[str, int], function: str, scale: int | None) -> str | None:

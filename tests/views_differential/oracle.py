@@ -3,13 +3,12 @@
 Compared: the column names, their types (RowDescription OIDs) and every value's text as it comes off the wire, exact,
 with two exceptions: floats to 12 significant digits, since PostgreSQL itself sums floats in scan order (the last bits
 of a float sum depend on row order there too); and on the DuckDB serving store, numeric by value, since DuckDB's
-DECIMAL has one scale per column where PostgreSQL's numeric keeps each value's own (docs/views.md "Types"). On
-`HEADRACE_SERVING_STORE=postgres` numeric text is compared exactly."""
+DECIMAL has one scale per column where PostgreSQL's numeric keeps each value's own (docs/views.md "Types"). On the
+PostgreSQL serving store numeric text is compared exactly."""
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -18,10 +17,12 @@ from typing import Any
 
 import psycopg
 
+from tests.e2e.server_process import SERVING_ON_POSTGRES
+
 CATCH_UP_S = 300.0
 FLOAT_OIDS = (700, 701)
 NUMERIC_OID = 1700
-NUMERIC_BY_VALUE = os.environ.get("HEADRACE_SERVING_STORE", "duckdb") != "postgres"
+NUMERIC_BY_VALUE = not SERVING_ON_POSTGRES
 
 
 def normalized(value: bytes | None, type_oid: int) -> Any:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from headrace.materialize.reduce import reducer_for_schema
 from headrace.pipeline.view_columnar import ViewColumnarReducer, columnar_reducible, partials_table
 from headrace.pipeline.views import _from_doc, _partial_state
-from headrace.sql.view_aggregates import Maintenance
+from headrace.sql.view_aggregates import Maintenance, integer_sum
 from headrace.sql.views import KEY_FIELD, ROWS_FIELD, STATE_FIELD, ViewPlan
 from tests.sql.view_model import compile_sql
 
@@ -56,7 +56,7 @@ def grouped_partials(draw: st.DrawFn, plan: ViewPlan) -> pa.Table:
             columns[f"{name}_n"] = [draw(st.integers(-2, 3)) for _ in keys]
             types[f"{name}_n"] = pa.int64()
         elif m is Maintenance.SUM:
-            number = "int8" if aggregate.function == "sum" and aggregate.output_type == "int8" else "float8"
+            number = "int8" if integer_sum(aggregate) else "float8"
             columns[f"{name}_s"] = [draw(_values(number)) for _ in keys]
             columns[f"{name}_n"] = [draw(st.integers(-2, 3)) for _ in keys]
             types.update({f"{name}_s": _ARROW[number], f"{name}_n": pa.int64()})

@@ -136,13 +136,23 @@ def expected_groups(rows: list[tuple[int, Event]]) -> dict[str | None, dict[str,
                 merged[e.tag] = e.amount
         result[customer] = {
             "n": len(events), "n_amount": len(amounts), "total": sum(amounts) if amounts else None,
-            "mean": (sum(amounts) / len(amounts)) if amounts else None,
+            "mean": pg_avg(amounts) if amounts else None,
             "low": min(amounts) if amounts else None, "high": max(amounts) if amounts else None,
             "all_flag": all(flags) if flags else None, "any_flag": any(flags) if flags else None,
             "first_tag": tags[0], "last_tag": tags[-1], "tags": tags, "tag_set": present_tags or None,
             "distinct_tags": len(present_tags), "big_count": len(big), "by_tag": merged or None,
         }
     return result
+
+
+def pg_avg(integers: list[int]) -> str:
+    """avg of integers as PostgreSQL shows it: numeric text (tests/sql/test_view_numeric.py checks numeric_div
+    against a real PostgreSQL)."""
+    from decimal import Decimal
+
+    from headrace.sql import view_numeric
+
+    return view_numeric.text(view_numeric.numeric_div(Decimal(sum(integers)), 0, Decimal(len(integers))))
 
 
 AGGREGATES_SQL = """CREATE MATERIALIZED VIEW totals AS

@@ -1,12 +1,13 @@
 """Run the same statements on headrace and on PostgreSQL 15 and compare a view with its SELECT run on PostgreSQL.
 
-Values are compared as PostgreSQL's: numeric values as the float8 the view holds (views store numeric as float8,
-docs/views.md "Types"); floats to 12 significant digits, since PostgreSQL itself sums floats in scan order, so
-the last bits of a float sum depend on row order there too."""
+Compared: the column names, their types (RowDescription OIDs) and every value's text as it comes off the wire, exact,
+with two exceptions: floats to 12 significant digits, since PostgreSQL itself sums floats in scan order (the last bits
+of a float sum depend on row order there too); and on the DuckDB serving store, numeric by value, since DuckDB's
+DECIMAL has one scale per column where PostgreSQL's numeric keeps each value's own (docs/views.md "Types"). On the
+PostgreSQL serving store numeric text is compared exactly."""
 
 from __future__ import annotations
 
-import datetime
 import math
 import time
 from collections import Counter
@@ -16,33 +17,37 @@ from typing import Any
 
 import psycopg
 
+from tests.e2e.server_process import SERVING_ON_POSTGRES
+
 CATCH_UP_S = 300.0
+FLOAT_OIDS = (700, 701)
+NUMERIC_OID = 1700
+NUMERIC_BY_VALUE = not SERVING_ON_POSTGRES
 
 
-def normalized(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        value = float(value)
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return repr(value)
-        return float(f"{value:.12g}") + 0.0  # + 0.0: -0.0 and 0.0 are one value
-    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
-        return value.astimezone(datetime.timezone.utc)
-    if isinstance(value, list):
-        return tuple(normalized(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, normalized(v)) for k, v in value.items()))
-    return value
+def normalized(value: bytes | None, type_oid: int) -> Any:
+    if value is None:
+        return None
+    text = value.decode()
+    if type_oid in FLOAT_OIDS:
+        number = float(text)
+        if math.isnan(number) or math.isinf(number):
+            return text
+        return float(f"{number:.12g}") + 0.0  # + 0.0: -0.0 and 0.0 are one value
+    if type_oid == NUMERIC_OID and NUMERIC_BY_VALUE:
+        return Decimal(text).normalize() + 0
+    return text
 
 
-def multiset(rows: list[tuple[Any, ...]]) -> Counter[tuple[Any, ...]]:
-    return Counter(tuple(normalized(v) for v in row) for row in rows)
+def multiset(rows: list[tuple[Any, ...]], types: list[int]) -> Counter[tuple[Any, ...]]:
+    return Counter(tuple(normalized(v, t) for v, t in zip(row, types)) for row in rows)
 
 
 @dataclass
 class Outcome:
-    rows: list[tuple[Any, ...]] | None
+    rows: list[tuple[Any, ...]] | None  # each value's text (bytes) as sent, None for NULL
     error: tuple[str, str] | None  # (sqlstate, message)
+    columns: list[tuple[str, int]] | None = None  # (name, type OID)
 
 
 @dataclass
@@ -54,7 +59,9 @@ class Pair:
     def connect(cls, headrace_dsn: str, oracle_url: str) -> Pair:
         oracle = psycopg.connect(oracle_url, autocommit=True)
         oracle.execute("SET TimeZone = 'UTC'")
-        return cls(psycopg.connect(headrace_dsn, autocommit=True), oracle)
+        headrace = psycopg.connect(headrace_dsn, autocommit=True)
+        headrace.execute("SET TimeZone = 'UTC'")
+        return cls(headrace, oracle)
 
     def close(self) -> None:
         self.headrace.close()
@@ -67,7 +74,11 @@ class Pair:
 
     def select(self, connection: psycopg.Connection[Any], sql: str) -> Outcome:
         try:
-            return Outcome(connection.execute(sql).fetchall(), None)
+            cursor = connection.execute(sql)
+            result = cursor.pgresult
+            assert result is not None and cursor.description is not None
+            rows = [tuple(result.get_value(r, c) for c in range(result.nfields)) for r in range(result.ntuples)]
+            return Outcome(rows, None, [(d.name, d.type_code) for d in cursor.description])
         except psycopg.Error as error:
             return Outcome(None, (error.sqlstate or "", error.diag.message_primary or str(error)))
 
@@ -83,8 +94,11 @@ class Pair:
             if mine.error == truth.error:
                 return None
             return f"{view}: headrace {mine.error or 'rows'} / PostgreSQL {truth.error or 'rows'}\n  {select}"
-        assert mine.rows is not None and truth.rows is not None
-        got, expected = multiset(mine.rows), multiset(truth.rows)
+        assert mine.rows is not None and truth.rows is not None and mine.columns and truth.columns
+        if mine.columns != truth.columns:
+            return f"{view}: {select}\n  columns (name, type oid): view {mine.columns} / PostgreSQL {truth.columns}"
+        types = [type_oid for _, type_oid in truth.columns]
+        got, expected = multiset(mine.rows, types), multiset(truth.rows, types)
         if got == expected:
             return None
         return (f"{view}: {select}\n  only in the view: {sorted((got - expected).elements(), key=repr)[:5]}\n"

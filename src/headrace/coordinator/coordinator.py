@@ -293,6 +293,8 @@ class Coordinator:
             return None  # execute() decides whether the read must be refused
         if self.tables.behind(statement.shape_sql or statement.sql):
             return None
+        if view_ddl.may_hold_errors(self.tables.store):
+            return None  # execute() fails the read if it names a view holding an error (coordinator/views.py)
         relations = statement.plan.relations if statement.plan is not None else statement.store_reads
         if not self.privileges.may_read(session.user, relations):
             return None  # execute() raises the 42501

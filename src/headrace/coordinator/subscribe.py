@@ -19,7 +19,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -173,6 +173,23 @@ class Subscriptions:
         base = self.resolve(table.db, table.name)
         return restrict(base, query, self._column_names(base), self.store.dialect, ast.args.get("query_sql"))
 
+    def _error_check(self, ast: SubscribeStatement) -> Callable[[], Awaitable[None]] | None:
+        """For a SUBSCRIBE of a view: raises the view's error (or a view's it reads) once it holds one, as a SELECT of
+        it fails (coordinator/views.py refuse_view_errors: no store query unless a commit changed views' errors)."""
+        query = ast.args.get("query")
+        if query is None:
+            schema, name = ast.this
+        else:
+            table = query.args[FROM_KEY].this
+            schema, name = table.db, table.name
+        if self.catalog.find_view(schema or "public", name) is None:
+            return None
+        from headrace.coordinator.views import refuse_view_errors
+
+        async def run(function: Callable[..., Any], *args: Any) -> Any:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+        return lambda: refuse_view_errors(self.catalog, self.store, run, f'"{name}"')  # type: ignore[arg-type]
+
     def _column_names(self, target: SubscribeTarget) -> list[str]:
         return [column.name for column in describe_target(self.store, target)]
 
@@ -187,7 +204,7 @@ class Subscriptions:
         data = await loop.run_in_executor(self.executor, describe_target, self.store, target)
         stream = SubscriptionStream(self.store, self.executor, target, data, snapshot=bool(ast.args.get("snapshot")),
                                     progress=bool(ast.args.get("progress")), as_of=ast.args.get("as_of"),
-                                    up_to=ast.args.get("up_to"))
+                                    up_to=ast.args.get("up_to"), check_errors=self._error_check(ast))
         return Subscribing(output_columns(data, stream.progress), stream.batches(), stream.cancel)
 
 
@@ -219,8 +236,9 @@ def describe_target(store: Store, target: SubscribeTarget) -> tuple[Column, ...]
 class SubscriptionStream:
     def __init__(self, store: Store, executor: ThreadPoolExecutor, target: SubscribeTarget,
                  data_columns: Sequence[Column], *, snapshot: bool, progress: bool, as_of: int | None,
-                 up_to: int | None) -> None:
+                 up_to: int | None, check_errors: Callable[[], Awaitable[None]] | None = None) -> None:
         self.store, self.executor, self.target = store, executor, target
+        self.check_errors = check_errors  # a view's error arriving later ends the subscription with it
         self.snapshot, self.progress, self.as_of, self.up_to = snapshot, progress, as_of, up_to
         self._data_columns = tuple(data_columns)
         self._data_width = len(data_columns)
@@ -283,6 +301,8 @@ class SubscriptionStream:
         while not self._cancelled.is_set():
             if self.up_to is not None and position >= self.up_to - 1:
                 return
+            if self.check_errors is not None:
+                await self.check_errors()
             position, rows, frontier = await self._run(self._read_changes, position)
             if rows:
                 yield rows

@@ -421,13 +421,12 @@ class Tables:
     async def wait_visible(self, statement_sql: str | None = None, timeout_s: float = VISIBILITY_TIMEOUT_S,
                            exclude: str | None = None, cancel: asyncio.Event | None = None,
                            statement_timeout_s: float = 0.0) -> float:
-        """_wait_applied; then a read (not a write: `exclude`) of a materialized view holding an error fails with it
-        (coordinator/views.py refuse_view_errors)."""
+        """_wait_applied; then a statement reading a materialized view holding an error (a SELECT, or a write's
+        INSERT ... SELECT / subquery) fails with it (coordinator/views.py refuse_view_errors)."""
         waited = await self._wait_applied(statement_sql, timeout_s, exclude, cancel, statement_timeout_s)
-        if exclude is None:
-            from headrace.coordinator.views import refuse_view_errors
+        from headrace.coordinator.views import refuse_view_errors
 
-            await refuse_view_errors(self.catalog, self.store, self._run, statement_sql)  # type: ignore[arg-type]
+        await refuse_view_errors(self.catalog, self.store, self._run, statement_sql)  # type: ignore[arg-type]
         return waited
 
     async def _wait_applied(self, statement_sql: str | None, timeout_s: float, exclude: str | None,

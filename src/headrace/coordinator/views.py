@@ -322,6 +322,14 @@ def _erroring_view_ids(store: ServingStore | PostgresServingStore) -> frozenset[
     return frozenset(str(row[0]) for row in store.execute(erroring_view_ids_sql()))
 
 
+def may_hold_errors(store: ServingStore | PostgresServingStore) -> bool:
+    """False only when the last look (still current) found no view holding an error: then a read needs no check (the
+    pgwire direct lane answers it at once; otherwise it takes the general path, which checks)."""
+    key = view_errors.cache_key()
+    cached = _erroring.get(store)
+    return not (key is not None and cached is not None and cached[0] == key and not cached[1])
+
+
 async def refuse_view_errors(catalog: Catalog, store: ServingStore | PostgresServingStore,
                              run: Callable[..., Awaitable[Any]], statement_sql: str | None) -> None:
     """Raise the first error of a view the statement names (or of a view it reads, directly or through views) while

@@ -42,8 +42,9 @@ _ARROW = {"int2": pa.int32(), "int4": pa.int32(), "int8": pa.int64(), "float4": 
 def table_relation(table: Table) -> InputRelation:
     """The table as a view's input: its declared columns, keyed by its key, not append-only."""
     columns = {c.name: _VIEW_TYPES.get(c.pg_type, c.pg_type) for c in table.columns}
+    scales = {c.name: c.scale for c in table.columns if c.pg_type == "numeric" and c.scale is not None}
     return InputRelation(kind="table", item_id=table.id, name=table.name, columns=columns, key=table.store_key,
-                         append_only=False)
+                         append_only=False, scales=scales)
 
 
 def compile_table_views(table: Table, views: Sequence[MaterializedView],

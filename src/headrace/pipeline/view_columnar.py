@@ -22,20 +22,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.materialize.columnar import ColumnarStores
-from headrace.sql.view_aggregates import Aggregate, Maintenance
+from headrace.sql.view_aggregates import Aggregate, Maintenance, integer_avg, integer_sum
 from headrace.sql.views import KEY_FIELD, ROWS_FIELD, STATE_FIELD, ViewPlan
 
 _EXTREME_TYPES = {"int2": "BIGINT", "int4": "BIGINT", "int8": "BIGINT", "float4": "DOUBLE", "float8": "DOUBLE",
-                  "numeric": "DOUBLE", "text": "VARCHAR", "varchar": "VARCHAR", "bool": "BOOLEAN",
+                  "text": "VARCHAR", "varchar": "VARCHAR", "bool": "BOOLEAN",
                   "timestamptz": "BIGINT"}
 
 
 def columnar_reducible(plan: ViewPlan) -> bool:
-    """Every aggregate keeps a count, sum, bool-count or (non-JSON) extreme state."""
+    """Every aggregate keeps a count, sum, bool-count or (non-JSON, non-numeric) extreme state, and no group key is
+    numeric (its text is the document path's finalize)."""
     from headrace.pipeline.view_partials import arrow_groupable
 
-    return arrow_groupable(plan) and all(
-        a.maintenance is not Maintenance.EXTREME or a.arg_types[0] in _EXTREME_TYPES for a in plan.aggregates)
+    return arrow_groupable(plan) and "numeric" not in plan.group_key_types and all(
+        (a.maintenance is not Maintenance.EXTREME or a.arg_types[0] in _EXTREME_TYPES)
+        and not (integer_sum(a) and a.arg_types[0] == "int8")  # decimal text sums: the document path
+        for a in plan.aggregates)
 
 
 def partials_table(plan: ViewPlan, grouped: pa.Table) -> pa.Table:
@@ -76,6 +79,7 @@ class ViewColumnarReducer:
                 result = cursor.execute(self._sql).fetch_arrow_table()
             finally:
                 cursor.close()
+        result = _numeric_values(self.plan, result)
         exists, live = result["hr_exists"], pc.greater(result["hr_rows"], 0)
         stored = [KEY_FIELD, *self.plan.stored_fields]
         rows = result.filter(pc.and_(pc.invert(exists), live)).select(stored)
@@ -83,6 +87,22 @@ class ViewColumnarReducer:
         deleted = result.filter(pc.and_(exists, pc.invert(live))).select([KEY_FIELD])
         return ColumnarStores(rows=rows if rows.num_rows else None, updated=updated if updated.num_rows else None,
                               deleted=deleted if deleted.num_rows else None)
+
+
+def _numeric_values(plan: ViewPlan, result: pa.Table) -> pa.Table:
+    """Integer sums shown as numeric (avg of int2/int4) as ViewPlan.finalize shows them: PostgreSQL's
+    numeric text, avg as numeric division of the exact sum by the count."""
+    for aggregate in plan.aggregates:
+        if aggregate.output_type != "numeric":
+            continue
+        name = aggregate.field
+        sums, counts = result[f"hr_s_{name}"].to_pylist(), result[f"hr_n_{name}"].to_pylist()
+        if aggregate.function == "avg":
+            values = [None if s is None or not n or n <= 0 else integer_avg(s, n) for s, n in zip(sums, counts)]
+        else:
+            values = [None if s is None or not n or n <= 0 else str(s) for s, n in zip(sums, counts)]
+        result = result.set_column(result.schema.get_field_index(name), name, pa.array(values, pa.string()))
+    return result
 
 
 def _state_type(plan: ViewPlan) -> str:
@@ -102,7 +122,7 @@ def _state_type(plan: ViewPlan) -> str:
 
 
 def _sum_type(aggregate: Aggregate) -> str:
-    return "BIGINT" if aggregate.output_type == "int8" and aggregate.function == "sum" else "DOUBLE"
+    return "BIGINT" if integer_sum(aggregate) else "DOUBLE"
 
 
 def _reduce_sql(plan: ViewPlan) -> str:
@@ -135,6 +155,8 @@ def _reduce_sql(plan: ViewPlan) -> str:
             else:
                 value = f"{name}_f = 0" if aggregate.function == "bool_and" else f"{name}_t > 0"
             finals.append(f"CASE WHEN {count} <= 0 THEN NULL ELSE {value} END AS {_q(name)}")
+            if aggregate.output_type == "numeric":  # the value is made exact by _numeric_values
+                finals.extend((f"{name}_s AS {_q('hr_s_' + name)}", f"{name}_n AS {_q('hr_n_' + name)}"))
             zero = "0.0" if _sum_type(aggregate) == "DOUBLE" and m is Maintenance.SUM else "0"
             state.append(f"'{name}', CASE WHEN {count} <= 0 THEN json_object('{first}', {zero}, '{second}', 0) "
                          f"ELSE json_object('{first}', {name}_{first}, '{second}', {name}_{second}) END")

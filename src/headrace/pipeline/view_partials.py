@@ -22,7 +22,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from headrace.sql.view_aggregates import KEEPS_NULLS, Aggregate, Maintenance
+from headrace.sql.view_aggregates import KEEPS_NULLS, Aggregate, Maintenance, integer_sum
 from headrace.sql.views import ROWS_FIELD, ViewPlan
 
 ARROW_GROUPED = frozenset({Maintenance.COUNT, Maintenance.SUM, Maintenance.BOOL_COUNTS, Maintenance.EXTREME})
@@ -57,7 +57,9 @@ def contributions(aggregate: Aggregate, translate: Any) -> list[tuple[Column, st
     if m is Maintenance.COUNT:
         return [counted]
     if m is Maintenance.SUM:
-        number = args[0].cast("bigint" if aggregate.output_type == "int8" else "double")
+        # Integers' sums stay exact: int8's as decimal(38,0), as PostgreSQL's sum(int8) is numeric and never overflows.
+        number = args[0].cast(("decimal(38,0)" if aggregate.arg_types[0] == "int8" else "bigint")
+                              if integer_sum(aggregate) else "double")
         return [(F.when(condition, diff * number), f"{name}_s", "sum"), counted]
     if m is Maintenance.BOOL_COUNTS:
         return [(F.when(condition & args[0], diff).otherwise(0), f"{name}_t", "sum"),

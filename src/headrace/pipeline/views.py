@@ -37,6 +37,7 @@ from headrace.sql.view_scalars import (
     timestamp_literal_micros,
     type_of,
 )
+from headrace.sql import view_numeric
 from headrace.sql.views import DELETED_FIELD, KEY_FIELD, ROWS_FIELD, STATE_FIELD, ViewPlan
 
 SPARK_TYPES = {"int2": "smallint", "int4": "int", "int8": "bigint", "float4": "double", "float8": "double",
@@ -174,6 +175,9 @@ class SparkExpressions:
             return TEXT_FORMATS[source](operand)
         if target in ("text", "varchar") and source == "numeric":
             return F.round(operand, numeric_display_scale(node.this, self.columns)).cast("string")
+        if target == "numeric" and (shape := view_numeric.cast_shape(node.to)) is not None:
+            # numeric(p,s) rounds half away from zero to s digits (Spark's decimal cast: HALF_UP); too wide is 22003
+            return operand.cast(f"decimal({shape[0]},{shape[1]})").cast(SPARK_TYPES["numeric"])
         if target in ("jsonb", "json"):
             return operand if source in ("jsonb", "json") else F.parse_json(operand.cast("string"))
         if source in ("jsonb", "json") and target in ("text", "varchar"):
@@ -427,7 +431,10 @@ def _partial_state(aggregate: Aggregate, row: Mapping[str, Any]) -> Any:
     if m is Maintenance.COUNT:
         return row[f"{name}_n"]
     if m is Maintenance.SUM:
-        return {"s": row[f"{name}_s"], "n": row[f"{name}_n"]}
+        total = row[f"{name}_s"]
+        if isinstance(total, Decimal):  # sum(int8): exact decimal text, summed exactly by the reduction (numbers.py)
+            total = str(int(total))
+        return {"s": total, "n": row[f"{name}_n"]}
     if m is Maintenance.BOOL_COUNTS:
         return {"t": row[f"{name}_t"], "f": row[f"{name}_f"]}
     if m is Maintenance.EXTREME:

@@ -21,10 +21,13 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
 from sqlglot import exp
+
+from headrace.sql import view_numeric
 
 
 class Maintenance(Enum):
@@ -59,6 +62,7 @@ class Aggregate:
     filter: exp.Expr | None  # FILTER (WHERE ...)
     output_type: str  # PostgreSQL type name of the result
     maintenance: Maintenance
+    arg_scale: int | None = None  # a numeric argument's display scale when the expression fixes it (view_numeric)
 
     @property
     def field(self) -> str:
@@ -66,14 +70,16 @@ class Aggregate:
 
 
 EXACT_SUM_TYPES = frozenset({"float4", "float8", "numeric"})
+INTEGER_TYPES = ("int2", "int4", "int8")
 
 
 def choose_maintenance(function: str, append_only: bool, arg_type: str | None = None) -> Maintenance:
     if function in ("count_star", "count"):
         return Maintenance.COUNT
-    if function in ("sum", "avg") and arg_type in EXACT_SUM_TYPES and not append_only:
+    if function in ("sum", "avg") and (arg_type == "numeric" or arg_type in EXACT_SUM_TYPES and not append_only):
         # A float running sum cannot subtract a value exactly: after 1e15 left a group its sum was off by 0.02
-        # (issue 22). The live values' counts are kept instead, and the sum is computed exactly from them.
+        # (issue 22). The live values' counts are kept instead, and the sum is computed exactly from them. A numeric
+        # sum is exact and keeps its inputs' display scale, so it is computed from the values even when append-only.
         return Maintenance.VALUE_COUNTS
     if function in ("sum", "avg"):
         return Maintenance.SUM
@@ -92,10 +98,11 @@ def choose_maintenance(function: str, append_only: bool, arg_type: str | None = 
 def output_type(function: str, arg_types: tuple[str, ...]) -> str:
     if function in ("count_star", "count", "count_distinct"):
         return "int8"
-    if function == "sum":
-        return "int8" if arg_types[0] in ("int2", "int4", "int8") else "float8"
-    if function == "avg":
-        return "float8"
+    if function == "sum":  # as PostgreSQL: sum(int2/int4) int8, sum(int8) and sum(numeric) numeric
+        return {"int2": "int8", "int4": "int8", "int8": "numeric", "numeric": "numeric", "float4": "float4"}.get(
+            arg_types[0], "float8")
+    if function == "avg":  # avg of integers and numerics is numeric (sum / count as numeric division)
+        return "numeric" if arg_types[0] in (*INTEGER_TYPES, "numeric") else "float8"
     if function in ("bool_and", "bool_or"):
         return "bool"
     if function in ("array_agg", "set_agg"):
@@ -103,6 +110,11 @@ def output_type(function: str, arg_types: tuple[str, ...]) -> str:
     if function in ("jsonb_merge_agg", "jsonb_object_agg"):
         return "jsonb"
     return arg_types[0]  # min, max, first, last
+
+
+def integer_sum(aggregate: Aggregate) -> bool:
+    """A sum / avg of integers keeps an exact integer running sum (`s`)."""
+    return aggregate.maintenance is Maintenance.SUM and aggregate.arg_types[0] in INTEGER_TYPES
 
 
 # ---------------------------------------------------------------------------------------------- schema
@@ -124,7 +136,7 @@ def state_schema(aggregate: Aggregate) -> dict[str, Any]:
     if m is Maintenance.COUNT:
         return _sum()
     if m is Maintenance.SUM:
-        number = "integer" if aggregate.output_type == "int8" and aggregate.function == "sum" else "number"
+        number = "integer" if integer_sum(aggregate) else "number"
         return {"type": "object", "reduce": {"strategy": "merge"},
                 "properties": {"s": _sum(number), "n": _sum()}}
     if m is Maintenance.BOOL_COUNTS:
@@ -172,7 +184,10 @@ def fold(aggregate: Aggregate, changes: Iterable[Change]) -> Any:
     if m is Maintenance.COUNT:
         return sum(c.diff for c in ordered)
     if m is Maintenance.SUM:
-        return {"s": sum(c.diff * c.args[0] for c in ordered), "n": sum(c.diff for c in ordered)}
+        total = sum(c.diff * c.args[0] for c in ordered)
+        if aggregate.arg_types[0] == "int8":  # exact beyond 64 bits: decimal text, as the pipeline sends it
+            total = str(total)
+        return {"s": total, "n": sum(c.diff for c in ordered)}
     if m is Maintenance.BOOL_COUNTS:
         return {"t": sum(c.diff for c in ordered if c.args[0]), "f": sum(c.diff for c in ordered if not c.args[0])}
     if m is Maintenance.EXTREME:
@@ -228,7 +243,15 @@ def row_value(aggregate: Aggregate, change: Change) -> Any:
 # ---------------------------------------------------------------------------------------------- finalize
 
 def finalize(aggregate: Aggregate, state: Any) -> tuple[Any, Any]:
-    """(the aggregate's value, the state to keep) from a fully reduced state (None: no state yet)."""
+    """(the aggregate's value, the state to keep) from a fully reduced state (None: no state yet). A numeric value is
+    PostgreSQL's numeric text."""
+    value, kept = _finalize(aggregate, state)
+    if aggregate.output_type == "numeric" and value is not None and not isinstance(value, str):
+        value = view_numeric.to_text(value, aggregate.arg_scale)
+    return value, kept
+
+
+def _finalize(aggregate: Aggregate, state: Any) -> tuple[Any, Any]:
     m = aggregate.maintenance
     f = aggregate.function
     if m is Maintenance.COUNT:
@@ -237,6 +260,8 @@ def finalize(aggregate: Aggregate, state: Any) -> tuple[Any, Any]:
         s, n = (state or {}).get("s", 0), (state or {}).get("n", 0)
         if n <= 0:
             return None, {"s": 0, "n": 0}  # no non-null input left: reset float residue
+        if f == "avg" and aggregate.output_type == "numeric":
+            return integer_avg(s, n), state
         return (s if f == "sum" else s / n), state
     if m is Maintenance.BOOL_COUNTS:
         t, fa = (state or {}).get("t", 0), (state or {}).get("f", 0)
@@ -251,6 +276,8 @@ def finalize(aggregate: Aggregate, state: Any) -> tuple[Any, Any]:
         values = [json.loads(member) for member in live]
         if f == "count_distinct":
             return len(values), kept
+        if f in ("sum", "avg") and aggregate.arg_types[0] == "numeric":
+            return numeric_sum(live, f, aggregate.arg_scale), kept
         if f in ("sum", "avg"):
             return exact_sum(live, f), kept
         if not values:
@@ -296,6 +323,28 @@ def exact_sum(counts: dict[str, int], function: str) -> float | None:
         return total if function == "sum" else total / n
     exact = sum((Fraction(value) * count for value, count in pairs), Fraction(0))
     return float(exact if function == "sum" else exact / n)
+
+
+def integer_avg(total: int | float | str, count: int) -> str:
+    """avg of integers as PostgreSQL computes it: the exact sum (an int8 sum's is decimal text) divided as numeric by
+    the count."""
+    exact = total if isinstance(total, int) else int(Decimal(total if isinstance(total, str) else repr(total)))
+    return view_numeric.integer_div_text(exact, count)
+
+
+def numeric_sum(counts: dict[str, int], function: str, scale: int | None) -> str | None:
+    """sum / avg of a numeric value-count set: exact, at the inputs' largest display scale (`scale` when the argument
+    fixes it), avg divided as PostgreSQL's numeric_div."""
+    values = [(view_numeric.from_double(json.loads(member), scale), count)
+              for member, count in counts.items() if count > 0]
+    n = sum(count for _, count in values)
+    if n == 0:
+        return None
+    display = scale if scale is not None else max(view_numeric.scale_of(value) for value, _ in values)
+    total = sum((value * count for value, count in values), Decimal(0))
+    if function == "sum":
+        return view_numeric.text(view_numeric.round_half_up(total, display))
+    return view_numeric.text(view_numeric.numeric_div(total, display, Decimal(n)))
 
 
 def _sort_key(value: Any) -> tuple[int, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from sqlglot import exp
 
+from headrace.sql import view_numeric
 from headrace.sql.views import KEY_FIELD, ViewPlan
 
 Document = dict[str, Any]
@@ -55,6 +56,8 @@ def _public_row(fields: list[tuple[str, str, str]], doc: Document | None) -> dic
         value = doc.get(field)
         if pg_type in ("jsonb", "json") and value is not None:
             value = orjson.dumps(value).decode()  # the change stream carries jsonb as JSON text
+        elif pg_type == "numeric":
+            value = view_numeric.read(value)  # stored as numeric text, computed on as a double (sql/view_numeric.py)
         row[name] = value
     return row
 

@@ -25,8 +25,10 @@ VIEW_SCHEMAS_UPDATE = ", ".join(f"{column} = excluded.{column}" for column in (
     "schema", "name", "input", "aggregating", "append_only", "stored_fields", "reduce_schema"))  # ON CONFLICT (id)
 
 # PostgreSQL type -> the serving store's column type (the driver's supported set).
+# numeric is held as PostgreSQL's numeric text (sql/view_numeric.py: each value with its display scale) and cast by
+# the public relation: to numeric on PostgreSQL (exact, scale kept), to DECIMAL(38,s) on DuckDB.
 _STORED = {"int2": "INTEGER", "int4": "INTEGER", "int8": "BIGINT", "float4": "DOUBLE", "float8": "DOUBLE",
-           "numeric": "DOUBLE", "text": "VARCHAR", "varchar": "VARCHAR", "bool": "BOOLEAN", "jsonb": "JSON",
+           "numeric": "VARCHAR", "text": "VARCHAR", "varchar": "VARCHAR", "bool": "BOOLEAN", "jsonb": "JSON",
            "json": "JSON", "timestamptz": "TIMESTAMPTZ",
            "date": "DATE", "timestamp": "TIMESTAMP", "uuid": "UUID", "interval": "INTERVAL"}  # tables' types
 # PostgreSQL type -> DuckDB type of the public column where it differs from the stored one.
@@ -41,10 +43,16 @@ def stored_type(pg_type: str) -> str:
     return "JSON" if pg_type.endswith("[]") else _STORED[pg_type]
 
 
-def public_type(pg_type: str) -> str | None:
+DUCKDB_DYNAMIC_SCALE = 16  # DuckDB's DECIMAL has one scale per column: a numeric whose values each keep their own
+# (avg, an unconstrained column) is shown at 16 digits there, PostgreSQL's least for a quotient
+
+
+def public_type(pg_type: str, scale: int | None = None) -> str | None:
     """The DuckDB type to cast a stored column to in the public relation, or None (as stored)."""
     if pg_type.endswith("[]"):
         return f"{_ELEMENT[pg_type[:-2]]}[]"
+    if pg_type == "numeric":
+        return f"DECIMAL(38,{DUCKDB_DYNAMIC_SCALE if scale is None else scale})"
     return _PUBLIC.get(pg_type)
 
 
@@ -84,18 +92,19 @@ def _postgres_reference(column: exp.Expr, pg_type: str) -> exp.Expr:
     return exp.cast(column, exp.DataType.build(pg_type, dialect="postgres"))
 
 
-def _stored_reference(name: str, pg_type: str, dialect: str = "duckdb") -> exp.Expr:
+def _stored_reference(name: str, pg_type: str, dialect: str = "duckdb", scale: int | None = None) -> exp.Expr:
     column = exp.column(name, quoted=True)
     if dialect == "postgres":
         return _postgres_reference(column, pg_type)
-    target = public_type(pg_type)
+    target = public_type(pg_type, scale)
     return exp.cast(column, exp.DataType.build(target, dialect="duckdb")) if target else column
 
 
-def _null_of(pg_type: str, dialect: str) -> exp.Expr:
+def _null_of(pg_type: str, dialect: str, scale: int | None = None) -> exp.Expr:
     if dialect == "postgres":
         return exp.cast(exp.null(), exp.DataType.build(pg_type, dialect="postgres"))
-    return exp.cast(exp.null(), exp.DataType.build(public_type(pg_type) or stored_type(pg_type), dialect="duckdb"))
+    return exp.cast(exp.null(), exp.DataType.build(public_type(pg_type, scale) or stored_type(pg_type),
+                                                 dialect="duckdb"))
 
 
 def _over_stored(plan: ViewPlan, expression: exp.Expr, empty: bool = False, dialect: str = "duckdb") -> exp.Expr:
@@ -119,8 +128,8 @@ def _over_stored(plan: ViewPlan, expression: exp.Expr, empty: bool = False, dial
             if empty:
                 if functions.get(node.name) in _EMPTY_ZERO:
                     return exp.Literal.number(0)
-                return _null_of(types[node.name], dialect)
-            return _stored_reference(node.name, types[node.name], dialect)
+                return _null_of(types[node.name], dialect, plan.numeric_scales.get(node.name))
+            return _stored_reference(node.name, types[node.name], dialect, plan.numeric_scales.get(node.name))
         return node
 
     return expression.transform(replace, copy=False)
@@ -132,7 +141,8 @@ def public_relation_sql(plan: ViewPlan, view_id: str, dialect: str = "duckdb") -
     table = f"{INTERNAL_SCHEMA}.{_quote(f'view_{view_id}')}"
     if not plan.aggregating:
         types = plan.stored_types()
-        items = [f"{_stored_reference(f'o{i}', types[f'o{i}'], dialect).sql(dialect=dialect)} AS {_quote(o.name)}"
+        items = [f"{_stored_reference(f'o{i}', types[f'o{i}'], dialect, plan.numeric_scales.get(f'o{i}')).sql(dialect=dialect)} "
+                 f"AS {_quote(o.name)}"
                  for i, o in enumerate(plan.outputs)]
         return f"CREATE OR REPLACE VIEW {plan.schema}.{_quote(plan.name)} AS SELECT {', '.join(items)} FROM {table}"
 

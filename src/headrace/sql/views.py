@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from sqlglot import exp
@@ -28,6 +29,7 @@ from sqlglot import exp
 from headrace.catalog.items import DEFAULT_DATABASE, DEFAULT_SCHEMA
 from headrace.errors import FeatureNotSupported, HeadraceError, UndefinedColumn, UndefinedObject
 from headrace.sql.select import _figure_column_name
+from headrace.sql import view_numeric
 from headrace.sql.view_aggregates import Aggregate, choose_maintenance, finalize as finalize_aggregate, output_type, state_schema
 from headrace.sql.view_scalars import (
     SUPPORTED_TYPES,
@@ -68,6 +70,7 @@ class InputRelation:
     columns: dict[str, str]  # user-visible column -> PostgreSQL type name
     key: tuple[str, ...]  # the columns identifying an input row (hr_row is their canonical JSON)
     append_only: bool  # never retracts a row (a webhook source without IDEMPOTENT)
+    scales: Mapping[str, int] = field(default_factory=dict)  # numeric(p,s) columns' s (display scale)
 
 
 RelationLookup = Callable[[str, str], InputRelation | None]  # (schema, name) -> relation or None
@@ -93,6 +96,8 @@ class ViewPlan:
     outputs: tuple[OutputColumn, ...]  # the public relation's columns, in order
     having: exp.Expr | None  # over k*/a*, applied by the public relation
     reduce_schema: dict[str, Any] = field(compare=False)
+    # Display scale of each stored numeric field (k*, a*, o*) when the expression fixes it, else None (view_numeric).
+    numeric_scales: dict[str, int | None] = field(default_factory=dict, compare=False)
 
     @property
     def append_only(self) -> bool:
@@ -117,16 +122,25 @@ class ViewPlan:
         return {f"o{i}": column.pg_type for i, column in enumerate(self.outputs)}
 
     def finalize(self, doc: dict[str, Any]) -> dict[str, Any] | None:
-        """The runtime's step after full reduction: derive outputs from state; None deletes the row."""
+        """The runtime's step after full reduction: derive outputs from state; None deletes the row. numeric values
+        become PostgreSQL's numeric text (sql/view_numeric.py)."""
         if not self.aggregating:
-            return None if doc.get(DELETED_FIELD) else doc
+            if doc.get(DELETED_FIELD):
+                return None
+            for name, scale in self.numeric_scales.items():
+                value = doc.get(name)
+                if value is not None and not isinstance(value, str):
+                    doc = {**doc, name: view_numeric.to_text(value, scale)}
+            return doc
         state = doc.get(STATE_FIELD) or {}
         rows = state.get(ROWS_FIELD, 0)
         if rows <= 0:
             return None  # the group's last input row was retracted
         result: dict[str, Any] = {KEY_FIELD: doc[KEY_FIELD]}
         for i in range(len(self.group_keys)):
-            result[f"k{i}"] = doc.get(f"k{i}")
+            value = result[f"k{i}"] = doc.get(f"k{i}")
+            if self.group_key_types[i] == "numeric" and value is not None and not isinstance(value, str):
+                result[f"k{i}"] = view_numeric.to_text(value, self.numeric_scales.get(f"k{i}"))
         kept: dict[str, Any] = {ROWS_FIELD: rows}
         for aggregate in self.aggregates:
             value, aggregate_state = finalize_aggregate(aggregate, state.get(aggregate.field))
@@ -203,11 +217,40 @@ def compile_view(statement: exp.Create, lookup: RelationLookup) -> ViewPlan:
         plan_args: dict[str, Any] = dict(group_keys=(), group_key_types=(), aggregates=(), having=None)
     else:
         plan_args, outputs = _plan_aggregation(items, group_keys, having.this if having is not None else None,
-                                               columns, relation.append_only)
+                                               columns, relation.append_only, dict(relation.scales))
     plan = ViewPlan(name=name, schema=schema, input=relation, aggregating=aggregating, filter=filter_expr,
                     outputs=outputs, reduce_schema={}, **plan_args)
     object.__setattr__(plan, "reduce_schema", _reduce_schema(plan))
+    object.__setattr__(plan, "numeric_scales", _numeric_scales(plan))
     return plan
+
+
+def _numeric_scales(plan: ViewPlan) -> dict[str, int | None]:
+    """The display scale of each stored numeric field; refuses (0A000) any numeric the pipeline cannot compute
+    exactly as PostgreSQL does (numeric division, more than 10 fractional digits), wherever it appears."""
+    columns, scales = dict(plan.input.columns), dict(plan.input.scales)
+    expressions = [*plan.group_keys, *(arg for a in plan.aggregates for arg in a.args),
+                   *(a.filter for a in plan.aggregates if a.filter is not None)]
+    if plan.filter is not None:
+        expressions.append(plan.filter)
+    if not plan.aggregating:
+        expressions.extend(o.expression for o in plan.outputs)
+    for expression in expressions:
+        for node in expression.find_all(exp.Div, exp.Mul, exp.Literal, exp.Round):
+            if type_of(node, columns) == "numeric":
+                view_numeric.static_scale(node, columns, scales)
+    found: dict[str, int | None] = {}
+    for i, (key, key_type) in enumerate(zip(plan.group_keys, plan.group_key_types)):
+        if key_type == "numeric":
+            found[f"k{i}"] = view_numeric.static_scale(key, columns, scales)
+    for aggregate in plan.aggregates:
+        if aggregate.output_type == "numeric":
+            found[aggregate.field] = aggregate.arg_scale if aggregate.function != "avg" else None
+    if not plan.aggregating:
+        for i, output in enumerate(plan.outputs):
+            if output.pg_type == "numeric":
+                found[f"o{i}"] = view_numeric.static_scale(output.expression, columns, scales)
+    return found
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -345,7 +388,8 @@ def _is_aggregate(node: exp.Expr) -> bool:
 
 
 def _plan_aggregation(items: list[tuple[str, exp.Expr]], group_keys: list[exp.Expr], having: exp.Expr | None,
-                      columns: dict[str, str], append_only: bool) -> tuple[dict[str, Any], tuple[OutputColumn, ...]]:
+                      columns: dict[str, str], append_only: bool,
+                      scales: dict[str, int]) -> tuple[dict[str, Any], tuple[OutputColumn, ...]]:
     key_types = tuple(_output_type(type_of(key, columns)) for key in group_keys)
     for key, key_type in zip(group_keys, key_types):
         refuse_non_deterministic(key)
@@ -357,7 +401,7 @@ def _plan_aggregation(items: list[tuple[str, exp.Expr]], group_keys: list[exp.Ex
     def register(call: exp.Expr) -> Aggregate:
         existing = by_call.get(call)
         if existing is None:
-            existing = _aggregate(len(aggregates), call, columns, append_only)
+            existing = _aggregate(len(aggregates), call, columns, append_only, scales)
             aggregates.append(existing)
             by_call[call] = existing
         return existing
@@ -399,7 +443,8 @@ def _plan_aggregation(items: list[tuple[str, exp.Expr]], group_keys: list[exp.Ex
                  having=having_rewritten), tuple(outputs))
 
 
-def _aggregate(index: int, call: exp.Expr, columns: dict[str, str], append_only: bool) -> Aggregate:
+def _aggregate(index: int, call: exp.Expr, columns: dict[str, str], append_only: bool,
+               scales: dict[str, int]) -> Aggregate:
     filter_expr: exp.Expr | None = None
     if isinstance(call, exp.Filter):
         filter_expr = call.expression.this
@@ -435,8 +480,13 @@ def _aggregate(index: int, call: exp.Expr, columns: dict[str, str], append_only:
                                     hint="extract a scalar with ->> and cast it")
     if function in ("array_agg", "set_agg") and arg_types[0] in ("timestamptz",):
         raise ViewRefused(f"{function} of timestamptz is not supported yet", hint="aggregate the text form: x::text")
+    arg_scale = None
+    if arg_types and arg_types[0] in ("numeric", "int2", "int4", "int8"):
+        arg_scale = view_numeric.static_scale(args[0], columns, scales)  # an integer's is 0
     return Aggregate(index=index, function=function, args=tuple(args), arg_types=arg_types, filter=filter_expr,
-                     output_type=output_type(function, arg_types), maintenance=choose_maintenance(function, append_only, arg_types[0] if arg_types else None))
+                     output_type=output_type(function, arg_types),
+                     maintenance=choose_maintenance(function, append_only, arg_types[0] if arg_types else None),
+                     arg_scale=arg_scale)
 
 
 def _function_name(call: exp.Expr) -> str:

@@ -10,6 +10,24 @@ import errno
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A message to the client that is not an error (pgwire NoticeResponse): PostgreSQL's WARNING 25001 for a BEGIN
+    inside a block, a notice the store PostgreSQL raised, ... A plain string among a response's notices is a NOTICE
+    with 00000."""
+
+    message: str
+    sqlstate: str = "00000"
+    severity: str = "NOTICE"
+    detail: str | None = None
+    hint: str | None = None
+
+
+def as_notice(notice: str | Notice) -> Notice:
+    return notice if isinstance(notice, Notice) else Notice(notice)
 
 
 class HeadraceError(Exception):

@@ -14,7 +14,7 @@ import pytest
 from headrace.coordinator.client import AdapterClient, SessionClient
 from headrace.coordinator.passthrough import StoreRoutes
 from headrace.coordinator.responses import CommandComplete, CopyFrom, ExecuteResponse, SendingRows
-from headrace.errors import HeadraceError
+from headrace.errors import HeadraceError, as_notice
 from headrace.pgwire.types import BINARY_FORMAT, INT4, TEXT_FORMAT, raw_converter
 from headrace.store.postgres_server import PostgresStore
 from tests.coordinator.conftest import in_process_adapter
@@ -226,7 +226,7 @@ def test_a_table_headrace_cannot_keep_is_the_stores(adapter: AdapterClient) -> N
     async def body(session: SessionClient) -> None:
         created = await run(session, "CREATE TABLE counted (id serial PRIMARY KEY, a int UNIQUE CHECK (a > 0))")
         assert isinstance(created, CommandComplete) and created.tag == "CREATE TABLE"
-        assert any("kept by the store PostgreSQL only" in notice for notice in created.notices)
+        assert any("kept by the store PostgreSQL only" in as_notice(notice).message for notice in created.notices)
         coordinator = adapter._coordinator  # type: ignore[attr-defined]
         assert coordinator.catalog.find_table("public", "counted") is None
         inserted = await run(session, "INSERT INTO counted (a) VALUES (5), (7) RETURNING id")

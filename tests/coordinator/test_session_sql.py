@@ -11,7 +11,7 @@ import pytest
 
 from headrace.coordinator.client import AdapterClient
 from headrace.coordinator.responses import CommandComplete, CopyFrom, CopyTo, SendingRows
-from headrace.errors import HeadraceError
+from headrace.errors import HeadraceError, Notice
 from headrace.pgwire.copy_format import CopyOptions
 
 from .conftest import new_client, run, run_batch
@@ -169,7 +169,8 @@ async def test_transaction_status_and_failed_block(adapter: AdapterClient) -> No
     assert [tag(r) for r in await run_batch(client, "COMMIT")] == ["ROLLBACK"]  # a failed block rolls back
     assert client.transaction_status == "I"
     notice = (await run_batch(client, "ABORT"))[0]
-    assert isinstance(notice, CommandComplete) and notice.notices == ("there is no transaction in progress",)
+    assert isinstance(notice, CommandComplete) and notice.notices == (
+        Notice("there is no transaction in progress", "25P01", "WARNING"),)  # PostgreSQL's WARNING and SQLSTATE
     assert [tag(r) for r in await run_batch(client, "BEGIN; END")] == ["BEGIN", "COMMIT"]
 
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from headrace.errors import Notice
 from headrace.pgwire.copy_format import CopyOptions
 
 
@@ -60,7 +61,7 @@ class CommandComplete:
     """A statement that finished inside the coordinator; `tag` is the PostgreSQL command tag."""
 
     tag: str
-    notices: tuple[str, ...] = field(default=())
+    notices: tuple[str | Notice, ...] = field(default=())
     # Reported session variables the statement changed, (name as reported, value): the protocol
     # layers announce them (pgwire ParameterStatus, WebSocket ParameterStatus).
     parameters: tuple[tuple[str, str], ...] = field(default=())

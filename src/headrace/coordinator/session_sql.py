@@ -36,7 +36,7 @@ from headrace.coordinator.variables import (
     reported,
     show_columns,
 )
-from headrace.errors import FeatureNotSupported, HeadraceError, SyntaxError_, UndefinedCursor
+from headrace.errors import FeatureNotSupported, HeadraceError, Notice, SyntaxError_, UndefinedCursor
 from headrace.pgwire import types as pg
 from headrace.pgwire.copy_format import CopyOptions
 from headrace.sql.ast import (
@@ -131,7 +131,7 @@ class SessionStatements:
     # --- transaction blocks -------------------------------------------------------------------
     def _begin(self, session: Session, ast: exp.Transaction) -> CommandComplete:
         if not session.begin():
-            return CommandComplete("BEGIN", ("there is already a transaction in progress",))
+            return CommandComplete("BEGIN", (Notice("there is already a transaction in progress", "25001", "WARNING"),))
         _savepoints(session).clear()
         for mode in ast.args.get("modes") or []:
             if isinstance(mode, str) and mode.startswith("isolation level "):
@@ -140,7 +140,8 @@ class SessionStatements:
 
     async def _end(self, session: Session, *, commit: bool) -> CommandComplete:
         if session.transaction is TransactionStatus.IDLE:
-            return CommandComplete("COMMIT" if commit else "ROLLBACK", ("there is no transaction in progress",))
+            return CommandComplete("COMMIT" if commit else "ROLLBACK",
+                                   (Notice("there is no transaction in progress", "25P01", "WARNING"),))
         committed = commit and session.transaction is TransactionStatus.IN_BLOCK
         end_writes = getattr(self.targets, "end_transaction", None)  # tables: COMMIT appends the block's writes
         if end_writes is not None:

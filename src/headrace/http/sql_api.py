@@ -49,7 +49,7 @@ from headrace.coordinator.responses import (
     Subscribing,
 )
 from headrace.cancel import CancelSignal
-from headrace.errors import FeatureNotSupported, HeadraceError, QueryCanceled
+from headrace.errors import FeatureNotSupported, HeadraceError, QueryCanceled, as_notice
 from headrace.http.body import BodyTimeout, read_body, request_timeout
 from headrace.http.origin import OriginPolicy, OriginVerdict
 from headrace.pgwire import types as pg
@@ -221,8 +221,9 @@ class RequestRun:
             yield Event("CommandComplete", "SUBSCRIBE")
         elif isinstance(result, CommandComplete):
             yield Event("CommandStarting", {"has_rows": False, "is_streaming": False})
-            for notice in result.notices:
-                yield Event("Notice", {"message": notice, "code": "00000", "severity": "notice"})
+            for notice in map(as_notice, result.notices):
+                yield Event("Notice", {"message": notice.message, "code": notice.sqlstate,
+                                       "severity": notice.severity.lower()})
             for name, value in result.parameters:
                 yield Event("ParameterStatus", {"name": name, "value": value})
             yield Event("CommandComplete", result.tag)

@@ -16,7 +16,7 @@ from headrace.coordinator.responses import (
     Subscribing,
 )
 from headrace.coordinator.cursors import SubscriptionBuffer
-from headrace.errors import HeadraceError, ProtocolViolation
+from headrace.errors import HeadraceError, ProtocolViolation, as_notice
 from headrace.pgwire import messages
 from headrace.pgwire.types import BINARY_FORMAT, TEXT_FORMAT, cell_encoder, type_size, value_encoder
 
@@ -95,8 +95,9 @@ def append_result(out: bytearray, result: ExecuteResponse, formats: Sequence[int
         else:
             out += messages.command_complete(result.command_tag)
     elif isinstance(result, CommandComplete):
-        for notice in result.notices:
-            out += messages.notice_response("NOTICE", "00000", notice)
+        for notice in map(as_notice, result.notices):
+            out += messages.notice_response(notice.severity, notice.sqlstate, notice.message, detail=notice.detail,
+                                            hint=notice.hint)
         for name, value in result.parameters:  # SET of a reported variable (TimeZone, ...): ParameterStatus
             out += messages.parameter_status(name, value)
         out += messages.command_complete(result.tag)

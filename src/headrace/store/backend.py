@@ -25,7 +25,7 @@ from psycopg import generators, pq
 from psycopg.abc import PQGen
 from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_W
 
-from headrace.errors import HeadraceError
+from headrace.errors import HeadraceError, Notice
 
 TEXT_FORMAT = 0
 BINARY_FORMAT = 1
@@ -57,7 +57,7 @@ class BackendResult:
     columns: tuple[BackendColumn, ...] | None  # None: the statement returns no rows
     rows: list[tuple[bytes | None, ...]]
     result_format: int
-    notices: list[str] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)
     more: bool = False  # chunked: rows follow, read them with `next_chunk` (the tag comes with the last chunk)
 
 
@@ -169,7 +169,7 @@ class BackendConnection:
         self._pgconn.nonblocking = 1
         self._waiter = SocketWaiter(pgconn.socket)
         self._cancel = self._pgconn.get_cancel()
-        self._notices: list[str] = []
+        self._notices: list[Notice] = []
         self._pgconn.notice_handler = self._on_notice
         self._copying = False  # between start_copy_in and finish_copy_in
         self._chunk_format = TEXT_FORMAT  # the result format of the chunked result being read
@@ -349,9 +349,15 @@ class BackendConnection:
                                 http_status=503) from None
 
     def _on_notice(self, result: pq.PGresult) -> None:
-        message = result.error_field(_DIAGNOSTIC.MESSAGE_PRIMARY)
-        if message:
-            self._notices.append(message.decode("utf-8", "replace"))
+        def text(code: pq.DiagnosticField) -> str | None:
+            value = result.error_field(code)
+            return value.decode("utf-8", "replace") if value else None
+
+        message = text(_DIAGNOSTIC.MESSAGE_PRIMARY)
+        if message:  # PostgreSQL's own severity and SQLSTATE (WARNING 25001, NOTICE 00000 ...)
+            self._notices.append(Notice(message, text(_DIAGNOSTIC.SQLSTATE) or "00000",
+                                        text(_DIAGNOSTIC.SEVERITY_NONLOCALIZED) or "NOTICE",
+                                        text(_DIAGNOSTIC.MESSAGE_DETAIL), text(_DIAGNOSTIC.MESSAGE_HINT)))
 
     def _check(self, results: list[pq.PGresult]) -> pq.PGresult:
         """The statement's result (the last one), or its error raised as PostgreSQL's."""

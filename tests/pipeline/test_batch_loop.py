@@ -146,10 +146,11 @@ def test_sources_come_and_go_in_one_loop_each_exactly_once(spark: Any, tmp_path:
         loop.stop()
 
 
-def test_a_failed_commit_restarts_only_that_source_from_the_store(spark: Any, tmp_path: Path, store: ServingStore,
+def test_a_failed_commit_restarts_only_that_source_from_the_store(tmp_path: Path, store: ServingStore,
                                                                   driver: DriverServer, logs: Logs) -> None:
+    """Sources without views need nothing of Spark (their batches commit as Arrow): no session here."""
     sources = [source(0), source(1)]
-    loop = BatchLoop(spark, tmp_path / "data", (driver.host, driver.port), tick_s=0.05)
+    loop = BatchLoop(None, tmp_path / "data", (driver.host, driver.port), tick_s=0.05)
     try:
         loop.reconcile(sources)
         logs.append("u0", events(0, 3))
@@ -163,7 +164,10 @@ def test_a_failed_commit_restarts_only_that_source_from_the_store(spark: Any, tm
         logs.append("u1", events(3, 2))
         wait_until(lambda: source_ids(store, 1) == list(range(5)), what="the other source going on")
         wait_until(lambda: loop.failures.get("u0", 0) >= 1, what="the fenced source's failure")
-        wait_until(lambda: source_ids(store, 0) == list(range(5)), timeout=60, what="the restarted source")
+        # the control thread (process.main) retries failed sources every second: here the test does
+        wait_until(lambda: loop.restart_failed() is None and source_ids(store, 0) == list(range(5)), timeout=60,
+                   what="the restarted source")
+        assert [row["state"] for row in loop.status_report()] == ["running", "running"]
         assert loop.failures.get("u1", 0) == 0
     finally:
         loop.stop()
@@ -171,6 +175,9 @@ def test_a_failed_commit_restarts_only_that_source_from_the_store(spark: Any, tm
 
 def test_a_backlog_is_read_in_parallel_ranges(spark: Any, tmp_path: Path, store: ServingStore,
                                               driver: DriverServer, logs: Logs) -> None:
+    from headrace.pipeline.log_source import HeadraceLogSource
+
+    spark.dataSource.register(HeadraceLogSource)  # as process.build_spark does
     total = 2 * MIN_RECORDS_PER_PARTITION + 1_000
     logs.append("u0", events(0, total))
     view = count_view(10, over=0)
@@ -181,5 +188,28 @@ def test_a_backlog_is_read_in_parallel_ranges(spark: Any, tmp_path: Path, store:
         assert source_ids(store, 0) == list(range(total))
         per_group = [(f"g{g}", len(range(g, total, 3))) for g in range(3)]
         wait_until(lambda: view_rows(store, view, source(0)) == per_group, what="the view over the backlog")
+    finally:
+        loop.stop()
+
+
+def test_records_the_store_refuses_are_quarantined_without_spark(tmp_path: Path, store: ServingStore,
+                                                                 driver: DriverServer, logs: Logs) -> None:
+    from headrace.store.quarantine import quarantine_snapshot
+
+    loop = BatchLoop(None, tmp_path / "data", (driver.host, driver.port), tick_s=0.05)
+    try:
+        loop.reconcile([source(0)])
+        log = logs.logs.get("u0") or SegmentedLog(tmp_path / "data" / "logs" / "u0")
+        logs.logs["u0"] = log
+        bodies = [b'{"n": 0}', rb'{"n": 1, "s": "\u0000"}', b'{"n": 2}']
+        offsets = log.append_offsets([encode(WebhookRecord(1_700_000_000_000_000, None, None, body))
+                                      for body in bodies])
+        log.sync()
+        wait_until(lambda: source_ids(store, 0) == [0, 2], what="the accepted rows")
+        logs.append("u0", events(3, 1))
+        wait_until(lambda: source_ids(store, 0) == [0, 2, 3], what="the batch after them")
+        with store.cursor() as cursor:
+            listed = quarantine_snapshot(cursor).to_pylist()
+        assert [(r["source"], r["log_offset"], r["sqlstate"]) for r in listed] == [("public.s0", offsets[1], "22P05")]
     finally:
         loop.stop()

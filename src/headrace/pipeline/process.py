@@ -1,7 +1,7 @@
 """The pipeline process: a PySpark driver that keeps every source and table materialized.
 
-By default one driver-side loop serves them all (pipeline/batch_loop.py); with Spark Connect, or with
-HEADRACE_PIPELINE_MODE=streaming, each source and table is one Structured Streaming query (Pipeline, below).
+By default each source and table is one Structured Streaming query (Pipeline, below); with
+HEADRACE_PIPELINE_MODE=loop (not with Spark Connect) one driver-side loop serves them all (pipeline/batch_loop.py).
 
 It shares no memory with the server: it learns the catalog over a control connection and talks to
 the serving-store driver over the materialization protocol, so the same code can run against a
@@ -447,9 +447,10 @@ def _parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-# "loop" (default): every source and table in one driver-side loop (pipeline/batch_loop.py); "streaming": one
-# Structured Streaming query per source and table (this module's Pipeline), which Spark Connect always uses.
-PIPELINE_MODE = os.environ.get("HEADRACE_PIPELINE_MODE", "loop")
+# "streaming" (default): one Structured Streaming query per source and table (this module's Pipeline), which Spark
+# Connect always uses; "loop": every source and table in one driver-side loop (pipeline/batch_loop.py): a source at
+# rest costs no process, but a busy source's batches were measured slower (docs/pipeline.md), so it is opt-in.
+PIPELINE_MODE = os.environ.get("HEADRACE_PIPELINE_MODE", "streaming")
 EXIT_BAD_MASTER = 3  # the supervisor does not restart a pipeline that exits with this before it was ever ready
 
 
@@ -489,7 +490,7 @@ def main(argv: list[str] | None = None) -> None:
     from headrace.pipeline.batch_loop import BatchLoop  # it builds on this module
 
     pipeline: Pipeline | BatchLoop
-    if master.is_connect or PIPELINE_MODE == "streaming":
+    if master.is_connect or PIPELINE_MODE != "loop":
         pipeline = Pipeline(spark, args.data_dir, _parse_address(args.driver), log_service, connect=master.is_connect)
     else:  # one driver-side loop for every source and table (pipeline/batch_loop.py)
         pipeline = BatchLoop(spark, args.data_dir, _parse_address(args.driver), log_service)

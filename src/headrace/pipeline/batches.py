@@ -81,6 +81,25 @@ class SourceBatches:
                             self.source.materialization, batch_id)
         self._persisted(frame, batch_id, started)
 
+    def commit_arrow(self, table: pa.Table, batch_id: int, spark: Any) -> None:
+        """The batch loop's entry (pipeline/batch_loop.py): a batch the pipeline read itself, as Arrow in log order.
+
+        With no views nothing needs Spark: the rows become the source's net changes and commit as they are. With
+        views, the views' code runs on a DataFrame of the same rows (a local relation, no re-read of the log)."""
+        if self.views:
+            self(spark.createDataFrame(table), batch_id)
+            return
+        if batch_id <= self.committed_batch_id or table.num_rows == 0:
+            return
+        started = time.monotonic()
+        checkpoint = self._checkpoint(batch_id, table)
+        refused = refused_records(self.source, table)
+        if refused:
+            table = self._quarantine_rows(refused, table, checkpoint)
+        source_rows = self.source_rows(table)
+        collected = time.monotonic()
+        self._commit(batch_id, table, [], checkpoint, source_rows, (started, started, collected, collected))
+
     def _persisted(self, frame: DataFrame, batch_id: int, started: float) -> None:
         """The batch computed on the DataFrame persisted once, each view by a Spark job of its own."""
         if self.views:
@@ -130,13 +149,17 @@ class SourceBatches:
         driver records in the same transaction (pipeline/quarantine.py)."""
         from pyspark.sql import functions as F
 
+        offsets = [record.log_offset for record in refused]
+        return self._quarantine_rows(refused, table, checkpoint), frame.filter(~F.col("log_offset").isin(offsets))
+
+    def _quarantine_rows(self, refused: list[QuarantinedRecord], table: pa.Table,
+                         checkpoint: dict[str, Any]) -> pa.Table:
         for record in refused:
             log.warning("%s: quarantined the record at log offset %d: %s", self.source.materialization,
                         record.log_offset, record.refusal.describe())
         checkpoint[QUARANTINE_FIELD] = [record.as_checkpoint_entry() for record in refused]
         checkpoint[QUARANTINE_SOURCE_FIELD] = f"{self.source.schema}.{self.source.name}"
-        offsets = [record.log_offset for record in refused]
-        return without_records(table, refused), frame.filter(~F.col("log_offset").isin(offsets))
+        return without_records(table, refused)
 
     def _checkpoint(self, batch_id: int, table: pa.Table) -> dict[str, Any]:
         """The runtime checkpoint this batch commits with. `views`: the views whose state it includes (a view

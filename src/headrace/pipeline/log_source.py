@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.datasource_internal import _SimpleStreamReaderWrapper
 
 from headrace.log.access import BOUNDARY_EVERY, FileLogAccess, LogAccess
@@ -154,9 +154,34 @@ class LogStreamReader(DriverSideReads):
         self._offered = max(self._offered, end["offset"])
 
 
+class LogRangesReader(DataSourceReader):
+    """A batch read of given offset ranges (option `ranges`: "start:end,start:end"), one Spark task each: how the
+    batch loop (pipeline/batch_loop.py) has executors read a large batch in parallel, through the same LogAccess."""
+
+    def __init__(self, log: LogAccess, ranges: str) -> None:
+        self.log = log
+        self.ranges = parse_ranges(ranges)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [LogRange(start, end) for start, end in self.ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, LogRange)
+        return arrow_batches(self.log, partition.start, partition.end)
+
+
+def format_ranges(ranges: Sequence[LogRange]) -> str:
+    return ",".join(f"{part.start}:{part.end}" for part in ranges)
+
+
+def parse_ranges(text: str) -> list[tuple[int, int]]:
+    pairs = [item.split(":") for item in text.split(",") if item]
+    return [(int(start), int(end)) for start, end in pairs]
+
+
 class HeadraceLogSource(DataSource):
     """Options: path (the log's directory, local mode) or service + token + log (the log read service's address,
-    its token and the log's id), startOffset (a fresh checkpoint starts here), resumeOffset (where the last
+    its token and the log's id); for a batch read, ranges (LogRangesReader); for a stream, startOffset (a fresh checkpoint starts here), resumeOffset (where the last
     committed batch ended; caps count from here after a restart), maxRecordsPerBatch (0: unbounded), partitions."""
 
     @classmethod
@@ -165,6 +190,9 @@ class HeadraceLogSource(DataSource):
 
     def schema(self) -> str:
         return SCHEMA
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return LogRangesReader(log_access_from_options(self.options), self.options.get("ranges", ""))
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         options = self.options

@@ -1,4 +1,7 @@
-"""The pipeline process: a PySpark driver that runs one streaming query per source.
+"""The pipeline process: a PySpark driver that keeps every source and table materialized.
+
+By default each source and table is one Structured Streaming query (Pipeline, below); with
+HEADRACE_PIPELINE_MODE=loop (not with Spark Connect) one driver-side loop serves them all (pipeline/batch_loop.py).
 
 It shares no memory with the server: it learns the catalog over a control connection and talks to
 the serving-store driver over the materialization protocol, so the same code can run against a
@@ -221,6 +224,23 @@ def open_runtime(kind: QueryKind, source: Any, source_views: list[SourceView], d
                    derived=kind.derived(spark, source_views))  # views over views
 
 
+def backfill(spark: Any, source: Any, runtime: Runtime, stored: dict[str, Any], views: list[SourceView],
+             log_dir: Path, kind: QueryKind = SOURCE_QUERY) -> None:
+    """Views the stored checkpoint does not include start from the source's rows so far, in one transaction
+    that also records them as included (pipeline/view_changes.py)."""
+    included = set(stored.get("views") or ())
+    missing = [view for view in views if view.view.id not in included]
+    if not missing:
+        return
+    started = time.monotonic()
+    end = int(stored.get("log_end", 0))
+    documents = kind.backfill_documents(spark, source, log_dir, end, missing)
+    runtime.transact(documents, {**stored, "views": [view.view.id for view in views]})
+    log.warning("backfilled %s over %s up to offset %d: %d documents in %.1f s",
+                ", ".join(view.view.name for view in missing), source.name, end, len(documents),
+                time.monotonic() - started)
+
+
 def query_kind(item: Any) -> QueryKind:
     if getattr(item, "kind", None) == "table":  # a table's log and records (pipeline/table_batches.py)
         from headrace.pipeline.table_batches import TABLE_QUERY
@@ -329,19 +349,7 @@ class Pipeline:
 
     def _backfill(self, source: WebhookSource, runtime: Runtime, stored: dict[str, Any],
                   views: list[SourceView], log_dir: Path, kind: QueryKind = SOURCE_QUERY) -> None:
-        """Views the stored checkpoint does not include start from the source's rows so far, in one transaction
-        that also records them as included (pipeline/view_changes.py)."""
-        included = set(stored.get("views") or ())
-        missing = [view for view in views if view.view.id not in included]
-        if not missing:
-            return
-        started = time.monotonic()
-        end = int(stored.get("log_end", 0))
-        documents = kind.backfill_documents(self.spark, source, log_dir, end, missing)
-        runtime.transact(documents, {**stored, "views": [view.view.id for view in views]})
-        log.warning("backfilled %s over %s up to offset %d: %d documents in %.1f s",
-                    ", ".join(view.view.name for view in missing), source.name, end, len(documents),
-                    time.monotonic() - started)
+        backfill(self.spark, source, runtime, stored, views, log_dir, kind)
 
     def stop_source(self, source_id: str) -> None:
         running = self.running.pop(source_id)
@@ -439,6 +447,10 @@ def _parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+# "streaming" (default): one Structured Streaming query per source and table (this module's Pipeline), which Spark
+# Connect always uses; "loop": every source and table in one driver-side loop (pipeline/batch_loop.py): a source at
+# rest costs no process, but a busy source's batches were measured slower (docs/pipeline.md), so it is opt-in.
+PIPELINE_MODE = os.environ.get("HEADRACE_PIPELINE_MODE", "streaming")
 EXIT_BAD_MASTER = 3  # the supervisor does not restart a pipeline that exits with this before it was ever ready
 
 
@@ -475,7 +487,13 @@ def main(argv: list[str] | None = None) -> None:
         if not args.log_service or not os.environ.get(TOKEN_ENV):
             raise SystemExit(f"--spark-master {master.url} needs --log-service and {TOKEN_ENV}")
         log_service = LogService(args.log_service, os.environ[TOKEN_ENV])
-    pipeline = Pipeline(spark, args.data_dir, _parse_address(args.driver), log_service, connect=master.is_connect)
+    from headrace.pipeline.batch_loop import BatchLoop  # it builds on this module
+
+    pipeline: Pipeline | BatchLoop
+    if master.is_connect or PIPELINE_MODE != "loop":
+        pipeline = Pipeline(spark, args.data_dir, _parse_address(args.driver), log_service, connect=master.is_connect)
+    else:  # one driver-side loop for every source and table (pipeline/batch_loop.py)
+        pipeline = BatchLoop(spark, args.data_dir, _parse_address(args.driver), log_service)
     control.send({"type": "ready"})
     reported: list[dict[str, Any]] = []
     try:

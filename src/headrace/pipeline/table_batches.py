@@ -118,13 +118,20 @@ class TableBatches:
         self.view_ids = [view.view.id for view in self.views]
         self.binding = table_binding(table)
         self.last_batch_seconds = 0.0
+        self.last_batch_at: float | None = None  # wall clock of the last transaction committed
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         if batch_id <= self.committed_batch_id:
             log.info("%s: batch %d already committed; skipping its replay", self.table.materialization, batch_id)
             return
+        self.commit_arrow(frame.toArrow(), batch_id, frame.sparkSession)
+
+    def commit_arrow(self, arrow: pa.Table, batch_id: int, spark: Any) -> None:
+        """One batch of the table's log as Arrow (TABLE_ARROW_SCHEMA); also the batch loop's entry
+        (pipeline/batch_loop.py). Spark is used only by the views."""
+        if batch_id <= self.committed_batch_id:
+            return
         started = time.monotonic()
-        arrow = frame.toArrow()
         if arrow.num_rows == 0:
             return
         columns = arrow.to_pydict()
@@ -136,12 +143,13 @@ class TableBatches:
             from headrace.pipeline.table_views import view_documents_and_errors
             from headrace.pipeline.view_errors import ERRORS_FIELD
 
-            found, errors = view_documents_and_errors(frame.sparkSession, self.table, self.views, records)
+            found, errors = view_documents_and_errors(spark, self.table, self.views, records)
             documents.extend(found)
             if errors:  # rows a view cannot evaluate: errors of the view, not a failed batch (pipeline/view_errors.py)
                 checkpoint[ERRORS_FIELD] = errors
         self.runtime.transact(documents, checkpoint)
         self.committed_batch_id = batch_id
+        self.last_batch_at = time.time()
         self.last_batch_seconds = time.monotonic() - started
 
 

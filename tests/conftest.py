@@ -34,7 +34,7 @@ SLOW_FILES_SECONDS = {
     "tests/views_differential/test_generated_views.py": 80, "tests/e2e/test_disk_full.py": 70,
     "tests/views_differential/test_view_expressions.py": 75, "tests/e2e/test_webhook_faults.py": 80,
     "tests/pipeline/test_views.py": 60, "tests/e2e/test_sinks.py": 75, "tests/e2e/test_tables_postgres_compat.py": 45,
-    "tests/scaleout/test_spark_master.py": 60,
+    "tests/scaleout/test_spark_master.py": 60, "tests/pipeline/test_batch_loop.py": 150,
 }
 
 

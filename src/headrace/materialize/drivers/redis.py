@@ -9,8 +9,8 @@ absent field reads back as NULL). The key is its parts' text forms, each escaped
 and joined by ':', so distinct keys never collide (a part holds no unescaped ':'). Text forms of the fields (and
 key parts), chosen so that Load gives back exactly what was stored:
   integers (BIGINT, INTEGER, HUGEINT, ...) and TIMESTAMPTZ / TIMESTAMP (integer microseconds since the epoch, UTC)
-  as decimal text; DOUBLE / FLOAT as Python's shortest round-trip text ('0.1', '1e+300', 'inf'); DECIMAL(p,s) as
-  exact decimal text at scale s ('12.50'); VARCHAR and UUID as themselves; BOOLEAN 'true' / 'false'; JSON as JSON
+  as decimal text; DOUBLE / FLOAT as PostgreSQL's float8 text, the shortest that reads back ('0.1', '3', '1e+300',
+  'Infinity'); DECIMAL(p,s) as exact decimal text at scale s ('12.50'); VARCHAR and UUID as themselves; BOOLEAN 'true' / 'false'; JSON as JSON
   text; DATE as ISO 'YYYY-MM-DD'; BLOB as its raw bytes (Loaded gives base64 back, the protocol's form).
 Delta-updates bindings: each document is appended to the stream `<prefix>` by XADD, a field per non-NULL column
 in the same text forms (with `hr_timestamp` and `hr_diff`); optional config `stream_max_length` trims it (~).
@@ -51,6 +51,7 @@ from headrace.materialize.drivers.arrow_values import (
 from headrace.materialize.protocol import (
     PROTOCOL_VERSION, Acknowledged, Applied, Apply, Binding, FencedOff, Load, Loaded, Open, Opened, Spec, SpecResponse,
     StartedCommit, Store, StoreColumns, Validate, Validated, ValidatedBinding, field_constraint)
+from headrace.pgwire.types.scalars import FLOAT8
 from headrace.store.table_types import decimal_shape
 
 CONNECT_TIMEOUT_SECONDS = 10.0
@@ -69,7 +70,7 @@ def _encoder(type_name: str) -> Callable[[Any], bytes]:
     if name in _INTEGERS:
         return lambda v: str(_integer(v)).encode()
     if name in ("DOUBLE", "FLOAT", "REAL"):
-        return lambda v: repr(float(v)).encode()
+        return lambda v: FLOAT8.encode_text(float(v))  # PostgreSQL's float8 text: '3', not Python's '3.0'
     if name == "BOOLEAN":
         return lambda v: b"true" if _boolean(v) else b"false"
     if name == "JSON":

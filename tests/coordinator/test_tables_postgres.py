@@ -545,3 +545,46 @@ def test_the_write_role_reads_headraces_relations_only(store: PostgresServingSto
         assert allowed == (False, True)
     finally:
         close_write_pool(store)
+
+
+def test_a_block_reads_its_own_writes_of_every_type(store: PostgresServingStore, tmp_path: Path) -> None:
+    drive(store, tmp_path, lambda tables: _a_block_reads_its_own_writes(tables, store))
+
+
+async def _a_block_reads_its_own_writes(tables: Tables, store: PostgresServingStore) -> None:
+    """A read in a block that wrote the table (coordinator/table_own_reads.py): its text, run by PostgreSQL,
+    gives what the same statements give inside a PostgreSQL transaction: every type through the overlay's
+    literals, stored rows the block updated or deleted, acknowledged rows not yet applied, the client's $1."""
+    await run(tables, TYPES_TABLE)
+    stored = ("(1, 7, -8, 1.1, 0.1, 'x''s', 'abc', 'ab', true, '2024-05-01 12:00:00+02', '[1, {\"a\": 2}]', "
+              "'{\"b\": 1, \"a\": [true]}', '\\x00ff', 1.005, 2.5, '2024-02-29', '2024-02-29 23:59:59.123456', "
+              "'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11', '1 day 02:03:04.5')")
+    statements = [f"INSERT INTO kinds VALUES {stored}", "INSERT INTO kinds (id, t) VALUES (2, 'applied'), (3, 'c')"]
+    block_statements = ["INSERT INTO kinds (id, r, t, jb, c) VALUES (4, 1.5, E'back\\\\slash', '[\"q''\"]', 'é')",
+                        "UPDATE kinds SET s = s + 1, t = t || '!' WHERE id = 1", "DELETE FROM kinds WHERE id = 3"]
+    await run(tables, statements[0])
+    apply(store, tables, table_of(tables, "kinds"))
+    await run(tables, statements[1])  # acknowledged, not applied: the overlay has it
+    block = new_session()
+    block.begin()
+    for sql in block_statements:
+        await run(tables, sql, session=block)
+    read = "SELECT id, (s, i, r, d, t, v, c, b, ts, jb, by, n, day, at, u)::text FROM kinds WHERE id <> $1 ORDER BY id"
+    rewritten = await tables.statement_with_own_writes(block, parse_statement(read), read)
+    assert rewritten is not None and "$1" in rewritten
+    with store.pool.connection() as conn:
+        conn.execute("CREATE TEMPORARY TABLE plain_kinds " + TYPES_TABLE.removeprefix("CREATE TABLE kinds"))
+        for sql in [*statements, *block_statements]:
+            conn.execute(sql.replace("kinds", "plain_kinds"))
+        ours = conn.execute(rewritten.replace("$1", "%s"), [2]).fetchall()
+        theirs = conn.execute(read.replace("kinds", "plain_kinds").replace("$1", "%s"), [2]).fetchall()
+    assert [row[0] for row in ours] == [1, 4]
+    assert ours == theirs
+    # what cannot see the block's writes is refused: a table keyed by hidden row ids, a statement no query
+    await run(tables, "CREATE TABLE loose (a int4)")
+    await run(tables, "INSERT INTO loose VALUES (1)", session=block)
+    for sql in ("SELECT a FROM loose", "CREATE VIEW v AS SELECT id FROM kinds"):
+        with pytest.raises(HeadraceError) as caught:
+            await tables.statement_with_own_writes(block, parse_statement(sql), sql)
+        assert caught.value.sqlstate == "25000"
+    assert await tables.statement_with_own_writes(block, parse_statement("SELECT 1"), "SELECT 1") is None

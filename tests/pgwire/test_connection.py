@@ -136,6 +136,9 @@ async def test_simple_query_with_two_statements() -> None:
     ]
     assert effects == [FLUSH]
     assert session.calls[-3:] == ["execute '' 0", "close_statement ''", "on_sync"]
+    # one implicit transaction around them, as in PostgreSQL, with no tags of its own
+    prepared = [call for call in session.calls if call.startswith("prepare")]
+    assert [prepared[0], prepared[-1]] == ["prepare '' BEGIN", "prepare '' COMMIT"], prepared
 
 
 @async_test
@@ -148,6 +151,23 @@ async def test_error_mid_simple_query_stops_the_rest() -> None:
     assert not any(call.startswith("prepare") and "numbers" in call for call in session.calls)
     assert session.calls[-3:] == ["on_error", "close_statement ''", "on_sync"]
     assert replies[-1] == ("Z", "I")
+    # the implicit transaction is rolled back: the first SELECT's effects (a table's writes) are undone
+    prepared = [call for call in session.calls if call.startswith("prepare")]
+    assert [prepared[0], prepared[-1]] == ["prepare '' BEGIN", "prepare '' ROLLBACK"], prepared
+
+
+@async_test
+async def test_a_string_that_controls_its_transactions_runs_statement_by_statement() -> None:
+    client = Client()
+    session = await client.start()
+    replies, _ = await client.send(wc.query("SELECT 1; COMMIT; SELECT 1"))
+    assert wc.kinds(replies) == ["T", "D", "C", "C", "T", "D", "C", "Z"]
+    assert not any(call in ("prepare '' BEGIN", "prepare '' ROLLBACK") for call in session.calls)
+    replies, _ = await client.send(wc.query("BEGIN"))
+    session.calls.clear()
+    replies, _ = await client.send(wc.query("SELECT 1; SELECT 1"))  # already in a block: its own
+    assert replies[-1] == ("Z", "T")
+    assert [call for call in session.calls if call.startswith("prepare")] == ["prepare '' SELECT 1"] * 2
 
 
 @async_test

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headrace.pgwire.simple_query import single_statement
+from headrace.pgwire.simple_query import runs_on_its_own, single_statement
 from headrace.sql.parser import split_statements
 
 
@@ -28,3 +28,12 @@ def test_shortcut_matches_the_tokenizer(sql: str) -> None:
     except Exception:  # noqa: BLE001 - text the tokenizer refuses is refused again when parsed
         return
     assert split == [single]
+
+
+def test_statements_that_keep_a_string_out_of_one_implicit_transaction() -> None:
+    for statement in ("BEGIN", " /* why */ -- note\n commit", "START TRANSACTION", "end", "ROLLBACK TO s",
+                      "SAVEPOINT s", "release s", "PREPARE TRANSACTION 'x'", "COPY t FROM STDIN", "SUBSCRIBE v"):
+        assert runs_on_its_own(statement), statement
+    for statement in ("SELECT 1", "INSERT INTO begin_log VALUES (1)", "-- begin\nSELECT 1", "PREPARE p AS SELECT 1",
+                      "/* commit */ UPDATE t SET x = 1", "beginning"):
+        assert not runs_on_its_own(statement), statement

@@ -6,6 +6,7 @@ DDL changes the catalog and the resources behind each item (log, store table, pi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -432,11 +433,16 @@ class Coordinator:
                 if self.system_mirror is not None and (system := [name for schema, name in statement.store_reads
                                                                   if self.system_mirror.mirrors(schema, name)]):
                     await self._run(self.system_mirror.refresh, system)
-                if session.in_block:
-                    self.tables.refuse_read_of_own_writes(session, statement.sql)
+                own_writes = await self.tables.statement_with_own_writes(session, ast, statement.sql) \
+                    if session.in_block else None
                 await self.tables.wait_visible(statement.sql, cancel=cancel,
                                                statement_timeout_s=statement_timeout_s(session.variables))
-            response = await self.passthrough.execute(session, portal, cancel, stream=stream)
+                if own_writes is not None:  # it reads tables this block wrote: as the block sees them
+                    portal.statement = dataclasses.replace(statement, sql=own_writes)
+            try:
+                response = await self.passthrough.execute(session, portal, cancel, stream=stream)
+            finally:
+                portal.statement = statement
             if isinstance(response, SendingRows):
                 return next_rows(portal, max_rows, tag_verb=response.tag_verb, tag=response.tag)
             return response
@@ -447,12 +453,17 @@ class Coordinator:
             self.privileges.require_relations(session.user, statement.store_reads)
         elif isinstance(ast, SubscribeStatement):
             self._authorize_subscribe(session, ast)
+        own_writes: str | None = None
         if statement.plan is not None or isinstance(statement, FastStatement) or isinstance(ast, SubscribeStatement):
-            if session.in_block:
+            if session.in_block and isinstance(statement, FastStatement) and statement.store_reads:
+                own_writes = await self.tables.statement_with_own_writes(session, ast, statement.sql)
+            elif session.in_block:
                 self.tables.refuse_read_of_own_writes(session, statement.sql)
             # read-your-writes of tables (coordinator/tables.py); a cancel and statement_timeout end the wait
             await self.tables.wait_visible(statement.sql, cancel=cancel,
                                            statement_timeout_s=statement_timeout_s(session.variables))
+        if own_writes is not None:  # an index lookup of a table this block wrote: PostgreSQL runs it as it sees it
+            return await self.run_on_store(session, portal, max_rows, cancel, sql=own_writes)
         if isinstance(statement, FastStatement):  # answered from an index (coordinator/fast_path.py)
             return await self.fast_path.execute(self, session, portal, max_rows, cancel)
         if statement.plan is not None:
@@ -490,13 +501,14 @@ class Coordinator:
         return response
 
     async def run_on_store(self, session: Session, portal: Portal, max_rows: int,
-                           cancel: asyncio.Event) -> ExecuteResponse:
+                           cancel: asyncio.Event, sql: str | None = None) -> ExecuteResponse:
         """An index lookup on the PostgreSQL serving store that its index declined (coordinator/fast_path.py):
-        PostgreSQL runs its text, with its parameters re-encoded (headrace decoded them for the index)."""
+        PostgreSQL runs its text (or `sql`, the same query over this block's own writes), with its parameters
+        re-encoded (headrace decoded them for the index)."""
         assert self.passthrough is not None
         statement = portal.statement
         await self._sync_store_grants()
-        relayed = Portal(PreparedStatement(statement.sql, statement.ast, statement.description, backend=True,
+        relayed = Portal(PreparedStatement(sql or statement.sql, statement.ast, statement.description, backend=True,
                                            store_reads=statement.store_reads),
                          portal.params, binary=portal.binary, result_formats=portal.result_formats)
         response = await self.passthrough.execute(session, relayed, cancel)

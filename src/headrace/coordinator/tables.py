@@ -41,6 +41,7 @@ from headrace.catalog.tables import HIDDEN_ROW_ID, HIDDEN_VERSION, Table
 from headrace import failpoints
 from headrace.coordinator import table_changes as changes
 from headrace.coordinator import table_commits as commits
+from headrace.coordinator import table_own_reads as own_reads
 from headrace.coordinator import table_upserts as upserts
 from headrace.coordinator.responses import Column, CommandComplete, ExecuteResponse, SendingRows, StatementDescription
 from headrace.coordinator.session import Session
@@ -48,6 +49,7 @@ from headrace.coordinator.table_log_state import TableLog
 from headrace.coordinator.table_writes import WriteComputer, column_document, defaults_document
 from headrace.errors import DuplicateObject, HeadraceError, QueryCanceled, UndefinedObject
 from headrace.sql import table_statements as grammar
+from headrace.sql.parser import parse_client_statement
 from headrace.store import table_reads_postgres as on_postgres
 from headrace.store import table_relation_postgres as public_relation
 from headrace.store.postgres_serving import PostgresServingStore
@@ -397,9 +399,10 @@ class Tables:
         return bool(pending) and any(pending.values())  # type: ignore[union-attr]
 
     def refuse_read_of_own_writes(self, session: Session, statement_sql: str | None) -> None:
-        """A read inside a transaction block of a table the block has written to (or of a view over it) would
-        not see those writes (they reach the store at COMMIT): refused rather than answered wrongly, as
-        Materialize refuses reads in a write transaction."""
+        """A read inside a transaction block of a table the block has written to (or of a view over it) that
+        cannot see those writes (they reach the store at COMMIT): refused rather than answered wrongly, as
+        Materialize refuses reads in a write transaction. (On the PostgreSQL store a query reading the table
+        itself sees them: `statement_with_own_writes`.)"""
         if not self.has_pending_writes(session):
             return
         lowered = statement_sql.lower() if statement_sql is not None else None
@@ -408,12 +411,39 @@ class Tables:
                 continue
             table = pending.table
             names = [table.name, *(view.name for view in self._views_over(table))]
-            if lowered is None or any(re.search(rf"(?<![\w$]){re.escape(name.lower())}(?![\w$])", lowered)
-                                      for name in names):
-                raise HeadraceError(
-                    f'cannot read table "{table.name}" in a transaction block that has written to it',
-                    sqlstate="25000", detail="writes inside BEGIN ... COMMIT reach the store at COMMIT",
-                    hint="read before the first write, or COMMIT first")
+            if lowered is None or any(_names_word(name, lowered) for name in names):
+                raise own_reads.refusal(table.name)
+
+    async def statement_with_own_writes(self, session: Session, ast: exp.Expr | None,
+                                        statement_sql: str) -> str | None:
+        """A read in a transaction block that wrote to tables it reads, on the PostgreSQL store: its text with
+        those tables as this transaction sees them (coordinator/table_own_reads.py); None when it reads none of
+        them. A view over a written table, a table without a key, a statement that is no query: 25000."""
+        if not self.has_pending_writes(session):
+            return None
+        lowered = statement_sql.lower()
+        overlays = []
+        for pending in getattr(session, _PENDING_ATTRIBUTE).values():
+            if not pending:
+                continue
+            table = pending.table
+            for view in self._views_over(table):
+                if _names_word(view.name, lowered):
+                    raise own_reads.refusal(view.name, "materialized view")
+            if not _names_word(table.name, lowered):
+                continue
+            if not isinstance(self.store, PostgresServingStore):
+                raise own_reads.refusal(table.name)
+            if ast is None:  # a shape the store ran before, prepared without parsing (coordinator.prepare)
+                ast = parse_client_statement(statement_sql)
+            if own_reads.references(ast, table):
+                table_log = self._logs.get(table.id)
+                if table_log is None:
+                    raise HeadraceError(f'table "{table.name}" is not open', sqlstate="55000")
+                overlays.append((table, await self._overlay(table, table_log, pending)))
+        if not overlays:
+            return None
+        return own_reads.with_own_writes(ast, overlays)
 
     def _views_over(self, table: Table) -> list[Any]:
         return [v for v in self.catalog.views() if (v.input_schema, v.input_name) == (table.schema, table.name)]
@@ -555,6 +585,11 @@ class Tables:
 
     async def _run(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+
+
+def _names_word(name: str, lowered_sql: str) -> bool:
+    """Whether the statement's text names `name` as a word (a cheap look before parsing anything)."""
+    return re.search(rf"(?<![\w$]){re.escape(name.lower())}(?![\w$])", lowered_sql) is not None
 
 
 def _transaction(session: Session) -> dict[str, changes.PendingTable]:

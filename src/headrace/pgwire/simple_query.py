@@ -1,8 +1,16 @@
-"""The simple query protocol: one Query message, possibly several statements."""
+"""The simple query protocol: one Query message, possibly several statements.
+
+Several statements outside a transaction block run as one implicit transaction, as in PostgreSQL: a statement that
+fails undoes the ones before it (a table's writes reach its log only at the end; PostgreSQL's own statements run in
+one transaction of the session's store backend) and the session is idle again after the error. A string that
+controls its transactions itself (BEGIN, COMMIT, SAVEPOINT, ...), or holds a COPY or a SUBSCRIBE (whose data
+and rows flow between the client's messages), runs each statement on its own as before. headrace's own DDL
+(CREATE SOURCE, CREATE MATERIALIZED VIEW, ...) is not transactional and stays done."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 from headrace.coordinator.responses import SendingRows, Subscribing
 from headrace.pgwire import messages
@@ -12,6 +20,10 @@ from headrace.pgwire.results import WatchPeer, send_rows, stream_subscription
 from headrace.pgwire.types import TEXT_FORMAT
 
 UNNAMED = ""
+_LEADING_COMMENTS = re.compile(r"^(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTALL)
+_OWN_TRANSACTION = re.compile(
+    r"(?:begin|start|commit|end|rollback|abort|savepoint|release|prepare\s+transaction|copy|subscribe)\b",
+    re.IGNORECASE)
 
 
 async def run_simple_query(session: SessionClient, sql: str, out: bytearray, cancel: asyncio.Event,
@@ -28,6 +40,38 @@ async def run_simple_query(session: SessionClient, sql: str, out: bytearray, can
     if not statements:
         out += messages.empty_query_response()
         return None
+    implicit = len(statements) > 1 and session.transaction_status == "I" and not any(
+        runs_on_its_own(statement) for statement in statements)
+    if not implicit:
+        return await _run_statements(session, statements, out, cancel, flush, watch_peer)
+    await _run_silently(session, "BEGIN", cancel)
+    try:
+        await _run_statements(session, statements, out, cancel, flush, watch_peer)
+        await _run_silently(session, "COMMIT", cancel)
+    except BaseException:
+        if session.transaction_status != "I":  # a COMMIT that failed has already ended the block's writes
+            try:
+                await _run_silently(session, "ROLLBACK", cancel)
+            except Exception:  # noqa: BLE001 - the statement's own error is the one to report
+                pass
+        raise
+    return None
+
+
+def runs_on_its_own(statement: str) -> bool:
+    """A statement that keeps a multi-statement string out of one implicit transaction (module docstring)."""
+    return _OWN_TRANSACTION.match(_LEADING_COMMENTS.sub("", statement, count=1)) is not None
+
+
+async def _run_silently(session: SessionClient, sql: str, cancel: asyncio.Event) -> None:
+    """BEGIN / COMMIT / ROLLBACK of the implicit transaction: no CommandComplete of its own."""
+    await session.prepare(UNNAMED, sql, (), describe=False)
+    session.bind(UNNAMED, UNNAMED, ())
+    await session.execute(UNNAMED, 0, cancel)
+
+
+async def _run_statements(session: SessionClient, statements: list[str], out: bytearray, cancel: asyncio.Event,
+                          flush: Flush | None, watch_peer: WatchPeer | None) -> CopyIn | None:
     for index, statement in enumerate(statements):
         await session.prepare(UNNAMED, statement, (), describe=False)
         session.bind(UNNAMED, UNNAMED, ())

@@ -240,13 +240,13 @@ def current_contents(table: Table, overlay: Mapping[Key, Document | None], stora
     return sql, parameters
 
 
-def declared_columns(table: Table, relation_sql: str, hidden: bool) -> str:
+def declared_columns(table: Table, relation_sql: str, hidden: bool, only: Sequence[str] | None = None) -> str:
     """SELECT over `relation_sql` (storage-typed columns) giving the declared columns their declared types, as the
     public relation does, so a write's expressions compute on PostgreSQL's types (real * int is real arithmetic,
     json has no equality, ...); with `hidden`, every storage column in order (the key and version too), char(n)
-    left unpadded: it may be a key, and a document's value must not change by being read."""
+    left unpadded: it may be a key, and a document's value must not change by being read. `only`: those columns."""
     items = []
-    for name in (table.store_columns() if hidden else table.column_names()):
+    for name in (only if only is not None else table.store_columns() if hidden else table.column_names()):
         column = table.column(name)
         quoted = quote_ident(name)
         if column is None or (hidden and column.pg_type == "bpchar"):

@@ -5,6 +5,7 @@ and durability of an acknowledged COMMIT across kill -9."""
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -189,6 +190,43 @@ def test_a_multi_statement_query_is_one_implicit_transaction(server: HeadracePro
         else:
             conn.execute(f"INSERT INTO {name} VALUES (4), (5)")
         assert conn.execute(f"SELECT id FROM {name} ORDER BY id").fetchall() == [(4,), (5,)]
+
+
+def test_rollback_undoes_a_blocks_tables_and_savepoints_its_writes(server: HeadraceProcess) -> None:
+    """As in PostgreSQL: ROLLBACK drops a table the block created; ROLLBACK TO SAVEPOINT undoes the writes and
+    the tables made after the savepoint, and keeps the ones before it; a client gone mid-block rolls back."""
+    name, made, later, abandoned = fresh("kept"), fresh("made"), fresh("later"), fresh("abandoned")
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY)")
+        conn.execute("BEGIN")
+        conn.execute(f"CREATE TABLE {made} (id int PRIMARY KEY)")
+        conn.execute(f"INSERT INTO {made} VALUES (1)")
+        conn.execute("ROLLBACK")
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            conn.execute(f"SELECT * FROM {made}")
+        conn.execute("BEGIN")
+        conn.execute(f"INSERT INTO {name} VALUES (1)")
+        conn.execute("SAVEPOINT s")
+        conn.execute(f"INSERT INTO {name} VALUES (2)")
+        conn.execute(f"UPDATE {name} SET id = 10 WHERE id = 1")
+        conn.execute(f"CREATE TABLE {later} (id int)")
+        conn.execute("ROLLBACK TO SAVEPOINT s")
+        conn.execute(f"INSERT INTO {name} VALUES (3)")
+        conn.execute("COMMIT")
+        assert conn.execute(f"SELECT id FROM {name} ORDER BY id").fetchall() == [(1,), (3,)]
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            conn.execute(f"SELECT * FROM {later}")
+        with psycopg.connect(server.dsn) as gone:  # not autocommit: psycopg opens a block
+            gone.execute(f"CREATE TABLE {abandoned} (id int)")
+            gone.pgconn.finish()  # the connection ends without COMMIT
+        deadline = time.monotonic() + 10
+        while True:  # the rollback of a session that went away runs after its connection closed
+            try:
+                conn.execute(f"SELECT * FROM {abandoned}")
+            except psycopg.errors.UndefinedTable:
+                break
+            assert time.monotonic() < deadline, "the abandoned block's table is still there"
+            time.sleep(0.1)
 
 
 def test_copy_from_text_and_csv_bad_data_and_copy_fail(server: HeadraceProcess) -> None:

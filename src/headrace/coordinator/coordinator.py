@@ -63,6 +63,7 @@ from headrace.coordinator import indexes as index_ddl
 from headrace.coordinator.ddl_sources import SourceDdl, handles as is_source_ddl
 from headrace.coordinator.sources import SourceResources
 from headrace.coordinator import views as view_ddl
+from headrace.coordinator import table_blocks
 from headrace.coordinator import tables as table_ddl
 from headrace.coordinator import sinks as sink_ddl
 from headrace.sink.manager import STATUS_COLUMNS, SinkManager
@@ -109,6 +110,7 @@ class Coordinator:
         # The pipeline's control message carries tables beside sources (items with id and create_sql).
         self._on_sources_changed = lambda sources: on_sources_changed([*sources, *catalog.tables()])  # type: ignore[list-item]
         self._ddl_lock = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()  # rollbacks of sessions gone mid-block
         # CREATE/ALTER/DROP SOURCE and SECRET, SHOW SECRETS (coordinator/ddl_sources.py)
         self.source_ddl = SourceDdl(catalog, resources, self._ddl_lock, self._on_sources_changed)
         # CREATE / DROP / SHOW [CREATE] MATERIALIZED VIEW[S] (coordinator/views.py)
@@ -394,6 +396,13 @@ class Coordinator:
     def close_session(self, session: Session) -> None:
         if self.passthrough is not None:
             self.passthrough.close(session)
+        if session.in_block and table_blocks.created_any(session):  # gone mid-block: its tables are rolled back
+            try:
+                task = asyncio.get_running_loop().create_task(self.tables.end_transaction(session, committed=False))
+            except RuntimeError:  # no event loop (closed at shutdown): the tables stay
+                return
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _static_columns(self, ast: exp.Expr) -> tuple[Column, ...] | None:
         if index_ddl.handles(ast):

@@ -93,7 +93,7 @@ class SessionStatements:
     # --- execute ------------------------------------------------------------------------------
     async def execute(self, session: Session, ast: exp.Expr, cancel: asyncio.Event) -> ExecuteResponse:
         if isinstance(ast, SavepointStatement):
-            return execute_savepoint(session, ast)
+            return await execute_savepoint(session, ast, self.targets)
         if isinstance(ast, exp.Transaction):
             return self._begin(session, ast)
         if isinstance(ast, exp.Commit):
@@ -252,6 +252,7 @@ class Savepoint:
     name: str
     variables: dict[str, str]  # the session's variables when it was set
     portals: frozenset[str]  # the cursors open then: ROLLBACK TO closes those declared after it
+    tables: Any = None  # the block's table writes and created tables then (coordinator/table_blocks.py)
 
 
 def _savepoints(session: Session) -> list[Savepoint]:
@@ -263,16 +264,19 @@ def _savepoints(session: Session) -> list[Savepoint]:
     return stack
 
 
-def execute_savepoint(session: Session, ast: SavepointStatement) -> CommandComplete:
+async def execute_savepoint(session: Session, ast: SavepointStatement, targets: Any = None) -> CommandComplete:
     """SAVEPOINT / RELEASE / ROLLBACK TO with PostgreSQL's semantics for session state: ROLLBACK TO
-    restores the variables, closes cursors declared since, keeps the savepoint and clears a failed block."""
+    restores the variables and the block's table writes, closes cursors declared since, drops tables created
+    since, keeps the savepoint and clears a failed block. `targets`: the tables (their `savepoint` and
+    `rollback_to`)."""
     action, name = ast.args["action"], str(ast.this)
     if not session.in_block:
         shown = {"savepoint": "SAVEPOINT", "release": "RELEASE SAVEPOINT", "rollback_to": "ROLLBACK TO SAVEPOINT"}[action]
         raise HeadraceError(f"{shown} can only be used in transaction blocks", sqlstate="25P01")
     stack = _savepoints(session)
     if action == "savepoint":
-        stack.append(Savepoint(name, dict(session.variables), frozenset(session.portals)))
+        saved_tables = targets.savepoint(session) if hasattr(targets, "savepoint") else None
+        stack.append(Savepoint(name, dict(session.variables), frozenset(session.portals), saved_tables))
         return CommandComplete("SAVEPOINT")
     found = next((i for i in range(len(stack) - 1, -1, -1) if stack[i].name == name), None)
     if found is None:
@@ -282,6 +286,8 @@ def execute_savepoint(session: Session, ast: SavepointStatement) -> CommandCompl
         return CommandComplete("RELEASE")
     savepoint = stack[found]
     del stack[found + 1:]
+    if savepoint.tables is not None:
+        await targets.rollback_to(session, savepoint.tables)
     session.variables.clear()
     session.variables.update(savepoint.variables)
     for portal_name in list(session.portals):

@@ -40,6 +40,7 @@ from headrace.catalog.catalog import Catalog
 from headrace.catalog.tables import HIDDEN_ROW_ID, HIDDEN_VERSION, Table
 from headrace import failpoints
 from headrace.coordinator import table_changes as changes
+from headrace.coordinator import table_blocks as blocks
 from headrace.coordinator import table_commits as commits
 from headrace.coordinator import table_own_reads as own_reads
 from headrace.coordinator import table_upserts as upserts
@@ -49,11 +50,11 @@ from headrace.coordinator.table_log_state import TableLog
 from headrace.coordinator.table_writes import WriteComputer, column_document, defaults_document
 from headrace.errors import DuplicateObject, HeadraceError, QueryCanceled, UndefinedObject
 from headrace.sql import table_statements as grammar
-from headrace.sql.parser import parse_client_statement
+from headrace.sql.parser import parse_client_statement, parse_statement
 from headrace.store import table_reads_postgres as on_postgres
 from headrace.store import table_relation_postgres as public_relation
 from headrace.store.postgres_serving import PostgresServingStore
-from headrace.store.serving import CHECKPOINTS_TABLE
+from headrace.store.serving import CHECKPOINTS_TABLE, quote_ident
 from headrace.store.table_log import ValueError_, encode_changes
 from headrace.store.table_reads import (
     Store,
@@ -69,7 +70,7 @@ log = logging.getLogger(__name__)
 
 WRONG_OBJECT_TYPE = "42809"
 VISIBILITY_TIMEOUT_S = 60.0  # a read waits this long for the pipeline to apply acknowledged writes
-_PENDING_ATTRIBUTE = "_table_writes"
+_PENDING_ATTRIBUTE = blocks.PENDING_ATTRIBUTE
 
 
 def handles(ast: exp.Expr) -> bool:
@@ -154,7 +155,13 @@ class Tables:
     async def execute(self, session: Session, ast: exp.Expr, sql: str, params: Sequence[Any]) -> ExecuteResponse:
         if grammar.is_create_table(ast):
             assert isinstance(ast, exp.Create)
-            return await self.create(ast, sql)
+            response = await self.create(ast, sql)
+            if session.in_block and not response.notices:  # made now, not skipped: ROLLBACK drops it again
+                created = self.catalog.find_table(*grammar.table_name(
+                    ast.this.this if isinstance(ast.this, exp.Schema) else ast.this))
+                if created is not None:
+                    blocks.note_created(session, created.id)
+            return response
         if grammar.is_drop_table(ast):
             assert isinstance(ast, exp.Drop)
             return await self.drop(ast)
@@ -167,7 +174,7 @@ class Tables:
         if table_log is None:
             raise HeadraceError(f'table "{table.name}" is not open', sqlstate="55000")
         in_block = session.in_block
-        pending = _transaction(session).setdefault(table.id, changes.PendingTable(table)) if in_block \
+        pending = blocks.pending_writes(session).setdefault(table.id, changes.PendingTable(table)) if in_block \
             else changes.PendingTable(table)
         # Other tables it reads (INSERT ... SELECT, subqueries): read-your-writes as for a SELECT. Its own
         # table needs no wait: its unapplied writes are in the overlay.
@@ -299,7 +306,7 @@ class Tables:
         self._assign_row_ids(table, documents)
         table_log = self._logs[table.id]
         in_block = session.in_block
-        pending = _transaction(session).setdefault(table.id, changes.PendingTable(table)) if in_block \
+        pending = blocks.pending_writes(session).setdefault(table.id, changes.PendingTable(table)) if in_block \
             else changes.PendingTable(table)
         async with table_log.lock:
             overlay = await self._overlay(table, table_log, pending)
@@ -317,7 +324,9 @@ class Tables:
         pending: dict[str, changes.PendingTable] = getattr(session, _PENDING_ATTRIBUTE, None) or {}
         setattr(session, _PENDING_ATTRIBUTE, {})
         if not committed:
+            await self._drop_created(blocks.take_created(session))
             return
+        created = blocks.take_created(session)
         touched = [p for _, p in sorted(pending.items(), key=lambda item: int(item[0][1:])) if p.changes()]
         if not touched:
             return
@@ -341,7 +350,30 @@ class Tables:
                 await self._append_commit(touched, logs)
         except BaseException:
             session.end_transaction(committed=False)
+            await self._drop_created(created)
             raise
+
+    def savepoint(self, session: Session) -> blocks.WritesSnapshot:
+        """SAVEPOINT: the block's table writes and created tables as they are now."""
+        return blocks.snapshot(session)
+
+    async def rollback_to(self, session: Session, saved: blocks.WritesSnapshot) -> None:
+        """ROLLBACK TO SAVEPOINT: the writes as they were; tables created since are dropped."""
+        await self._drop_created(blocks.restore(session, saved))
+
+    async def _drop_created(self, table_ids: list[str]) -> None:
+        """Tables a rolled-back block created, newest first, with whatever was made over them since."""
+        for table_id in table_ids:
+            table = next((t for t in self.catalog.tables() if t.id == table_id), None)
+            if table is None:  # dropped within the block already
+                continue
+            try:
+                drop = parse_statement(f"DROP TABLE IF EXISTS {quote_ident(table.schema)}.{quote_ident(table.name)} "
+                                       "CASCADE")
+                assert isinstance(drop, exp.Drop)
+                await self.drop(drop)
+            except HeadraceError as exc:
+                log.warning("table %s created in a rolled-back block not dropped: %s", table.name, exc.message)
 
     async def _append_commit(self, touched: list[changes.PendingTable], logs: list[TableLog]) -> None:
         """One table: its record. Several: a durable commit intent first (coordinator/table_commits.py), so a
@@ -590,14 +622,6 @@ class Tables:
 def _names_word(name: str, lowered_sql: str) -> bool:
     """Whether the statement's text names `name` as a word (a cheap look before parsing anything)."""
     return re.search(rf"(?<![\w$]){re.escape(name.lower())}(?![\w$])", lowered_sql) is not None
-
-
-def _transaction(session: Session) -> dict[str, changes.PendingTable]:
-    pending: dict[str, changes.PendingTable] | None = getattr(session, _PENDING_ATTRIBUTE, None)
-    if pending is None:
-        pending = {}
-        setattr(session, _PENDING_ATTRIBUTE, pending)
-    return pending
 
 
 def _columns(table: Table, names: Sequence[str]) -> tuple[Column, ...]:

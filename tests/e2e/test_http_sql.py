@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Any
 
 import aiohttp
 import psycopg
 import pytest
 
-from tests.e2e.server_process import HeadraceProcess
+from tests.e2e.server_process import SERVING_ON_POSTGRES, HeadraceProcess, select_after_cold_start
 
 pytestmark = pytest.mark.e2e
 
@@ -56,6 +57,26 @@ def test_extended_request_params_transactions_and_first_error_stops(server: Head
     assert results[2] == {"ok": "BEGIN", "notices": []}
     assert results[3]["error"]["code"] == "42P01" and "no_such_relation" in results[3]["error"]["message"]
     assert len(results) == 4
+
+
+def test_several_statements_are_one_implicit_transaction(server: HeadraceProcess) -> None:
+    """As Materialize's API (and PostgreSQL's simple Query) runs them: the first error undoes the table writes
+    before it, in either form; a later statement reads an earlier one's writes on the PostgreSQL store."""
+    name = f"http_implicit_{uuid.uuid4().hex[:8]}"
+    status, body = asyncio.run(post(server, {"query": f"CREATE TABLE {name} (id int PRIMARY KEY)"}))
+    assert status == 200 and body["results"][0] == {"ok": "CREATE TABLE", "notices": []}
+    status, body = asyncio.run(post(server, {"query": f"INSERT INTO {name} VALUES (1); SELECT 1/0"}))
+    assert body["results"][0] == {"ok": "INSERT 0 1", "notices": []}
+    assert body["results"][1]["error"]["code"] == "22012"
+    status, body = asyncio.run(post(server, {"queries": [
+        {"query": f"INSERT INTO {name} VALUES ($1)", "params": ["2"]},
+        {"query": f"INSERT INTO {name} VALUES ($1)", "params": ["2"]}]}))
+    assert body["results"][1]["error"]["code"] == "23505"
+    query = f"INSERT INTO {name} VALUES (3); SELECT id FROM {name} ORDER BY id"
+    status, body = asyncio.run(post(server, {"query": query if SERVING_ON_POSTGRES else query.split(";")[0]}))
+    assert "error" not in body["results"][-1], body
+    with psycopg.connect(server.dsn, autocommit=True) as conn:  # Spark's cold start may outlast one read's wait
+        assert select_after_cold_start(conn, f"SELECT id FROM {name} ORDER BY id") == [(3,)]
 
 
 def test_bad_requests_are_400_and_options_set_variables(server: HeadraceProcess) -> None:

@@ -5,7 +5,9 @@ POST /api/sql  (one session per request; `?options={json}` sets session variable
     {"queries": [{"query": "SELECT $1::int", "params": ["1"]}]}  extended: one statement each
   -> 200 {"results": [{"tag", "rows", "desc": {"columns": [...]}, "notices"} | {"ok": tag, "notices"}
                       | {"error": {"message", "code", "detail", "hint"}, "notices"}]}
-     processing stops at the first error; 400 (text) for a request that is not of that form.
+     processing stops at the first error; 400 (text) for a request that is not of that form. Several
+     statements are one implicit transaction (the error undoes the writes before it), as Materialize runs
+     them, unless the request holds BEGIN / COMMIT / ... itself.
 GET /api/experimental/sql  (WebSocket: one session for the socket's life)
     first message {"user", "password", "options"}: ParameterStatus*, BackendKeyData, ReadyForQuery;
     then requests as above, each answered by CommandStarting, Rows, Row*, CommandComplete | Error,
@@ -56,6 +58,7 @@ from headrace.pgwire import types as pg
 from headrace.pgwire.auth import AuthMethod, choose_method
 from headrace.pgwire.interfaces import AdapterClient, SessionClient
 from headrace.pgwire.security import SecurityConfig
+from headrace.pgwire.simple_query import runs_on_its_own
 
 DEFAULT_USER = "headrace"
 DATABASE = "headrace"
@@ -157,24 +160,49 @@ class RequestRun:
     allow_streaming: bool = True
 
     async def events(self, queries: Sequence[Query]) -> AsyncIterator[Event]:
+        """Every statement of the request, split before any runs; several outside a transaction block are one
+        implicit transaction, as Materialize's API and PostgreSQL's simple Query run them (pgwire/simple_query.py),
+        unless the request controls its transactions itself: the first error undoes the writes before it."""
+        implicit = False
         try:
+            statements: list[tuple[str, Sequence[str | None] | None]] = []
             for query in queries:
+                split = await self.session.split_statements_off_loop(query.sql)
                 if query.params is None:
-                    statements = await self.session.split_statements_off_loop(query.sql)
-                    for statement in statements:
-                        async for event in self._statement(statement, None):
-                            yield event
+                    statements += [(statement, None) for statement in split]
+                elif len(split) > 1:
+                    raise HeadraceError("each query must contain exactly one statement", sqlstate="42601")
                 else:
-                    statements = await self.session.split_statements_off_loop(query.sql)
-                    if len(statements) > 1:
-                        raise HeadraceError("each query must contain exactly one statement", sqlstate="42601")
-                    async for event in self._statement(statements[0] if statements else "", query.params):
-                        yield event
+                    statements.append((split[0] if split else "", query.params))
+            implicit = len(statements) > 1 and self.session.transaction_status == "I" and not any(
+                runs_on_its_own(statement) for statement, _ in statements)
+            if implicit:
+                await self._silently("BEGIN")
+            for statement, params in statements:
+                async for event in self._statement(statement, params):
+                    yield event
+            if implicit:
+                await self._silently("COMMIT")
         except HeadraceError as error:
+            await self._roll_back(implicit)
             self.session.on_error()
             yield Event("Error", error_payload(error))
+        except BaseException:
+            await self._roll_back(implicit)
+            raise
         finally:
             self.session.on_sync()
+
+    async def _silently(self, sql: str) -> None:
+        """BEGIN / COMMIT / ROLLBACK of the implicit transaction: no event of its own."""
+        await self.session.prepare(UNNAMED, sql, ())
+        self.session.bind(UNNAMED, UNNAMED, ())
+        await self.session.execute(UNNAMED, 0, self.cancel)
+
+    async def _roll_back(self, implicit: bool) -> None:
+        if implicit and self.session.transaction_status != "I":  # a failed COMMIT has ended the block already
+            with contextlib.suppress(Exception):
+                await self._silently("ROLLBACK")
 
     async def _statement(self, sql: str, params: Sequence[str | None] | None) -> AsyncIterator[Event]:
         await self.session.prepare(UNNAMED, sql, ())

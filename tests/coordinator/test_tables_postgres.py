@@ -570,8 +570,10 @@ async def _a_block_reads_its_own_writes(tables: Tables, store: PostgresServingSt
     for sql in block_statements:
         await run(tables, sql, session=block)
     read = "SELECT id, (s, i, r, d, t, v, c, b, ts, jb, by, n, day, at, u)::text FROM kinds WHERE id <> $1 ORDER BY id"
-    rewritten = await tables.statement_with_own_writes(block, parse_statement(read), read)
-    assert rewritten is not None and "$1" in rewritten
+    own = await tables.statement_with_own_writes(block, parse_statement(read), read)
+    assert own is not None and own[1] == {table_of(tables, "kinds").id}
+    rewritten = own[0]
+    assert "$1" in rewritten
     with store.pool.connection() as conn:
         conn.execute("CREATE TEMPORARY TABLE plain_kinds " + TYPES_TABLE.removeprefix("CREATE TABLE kinds"))
         for sql in [*statements, *block_statements]:

@@ -129,6 +129,13 @@ class ScriptedSession:
     async def split_statements_off_loop(self, sql: str) -> list[str]:
         return self.split_statements(sql)
 
+    async def check_syntax(self, statements: Sequence[str]) -> None:
+        self.calls.append(f"check_syntax {len(statements)}")
+        for sql in statements:  # a statement that starts with no SQL verb is a syntax error
+            verb = sql.split(None, 1)[0].upper() if sql.strip() else "SELECT"
+            if verb not in ("SELECT", "BEGIN", "COMMIT", "ROLLBACK", "SET", "COPY", "INSERT", "SHOW"):
+                raise HeadraceError(f'syntax error at or near "{sql.split(None, 1)[0]}"', sqlstate="42601")
+
     async def prepare(self, name: str, sql: str, param_types: Sequence[int], *, describe: bool = True) -> None:
         self.calls.append(f"prepare {name!r} {sql}")
         if name and name in self.statements:

@@ -157,6 +157,16 @@ async def test_error_mid_simple_query_stops_the_rest() -> None:
 
 
 @async_test
+async def test_a_syntax_error_anywhere_in_the_string_runs_nothing() -> None:
+    client = Client()
+    session = await client.start()
+    replies, _ = await client.send(wc.query("SELECT 1; SELECT * FROM numbers; SELEC 2"))
+    assert wc.kinds(replies) == ["E", "Z"]  # parsed whole first, as PostgreSQL: no statement's result
+    assert error_of(replies)["C"] == "42601"
+    assert not any(call.startswith("prepare") for call in session.calls)
+
+
+@async_test
 async def test_a_string_that_controls_its_transactions_runs_statement_by_statement() -> None:
     client = Client()
     session = await client.start()

@@ -4,6 +4,7 @@ coordinator. pgwire and the HTTP SQL API both use these."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 from headrace.coordinator.coordinator import Coordinator
@@ -25,7 +26,8 @@ from headrace.coordinator.session import (
     TransactionStatus,
     default_variables,
 )
-from headrace.errors import HeadraceError, InternalError, io_faults_as_errors
+from headrace.coordinator.passthrough import takes_unparsed
+from headrace.errors import HeadraceError, InternalError, SyntaxError_, as_notice, io_faults_as_errors
 from headrace.pgwire.types.time_zone import bind_session_variables
 from headrace.catalog.items import DEFAULT_DATABASE
 from headrace.sql import limits
@@ -75,6 +77,23 @@ class SessionClient:
             return _checked_split(sql)
         limits.check_size(sql)  # refused at once, without a thread hop
         return await off_loop(_checked_split, sql)
+
+    async def check_syntax(self, statements: Sequence[str]) -> None:
+        """Each statement parsed before any runs, as PostgreSQL parses a multi-statement Query whole: the first
+        syntax error is raised and nothing has run. Text headrace's parser does not know but the store
+        PostgreSQL may (coordinator.prepare sends it there) is left to PostgreSQL."""
+        for sql in statements:
+            if self._coordinator.prepare_cached(sql, ()) is not None:
+                continue
+            try:
+                if len(sql) >= OFF_LOOP_PARSE_CHARS:
+                    limits.check_size(sql)
+                    await off_loop(parse_client_statement, sql)
+                else:
+                    parse_client_statement(sql)
+            except SyntaxError_ as refused:
+                if self._coordinator.passthrough is None or refused.sqlstate != "42601" or not takes_unparsed(sql):
+                    raise
 
     async def prepare(self, name: str, sql: str, param_types: Sequence[int], *, describe: bool = True) -> None:
         """`describe` False: the caller does not need the statement's columns before running it (the simple query
@@ -149,6 +168,8 @@ class SessionClient:
                     return await fetch_rows(self._coordinator, self._session, response, cancel)
                 if isinstance(response, Subscribing):
                     streaming = True  # it goes on after this returns: a CancelRequest must still reach it
+                if isinstance(response, CommandComplete) and response.notices:
+                    return shown_notices(response, self._session.variables.get("client_min_messages", "notice"))
                 return response
         finally:
             if not streaming:
@@ -194,6 +215,19 @@ class SessionClient:
 
     def _possession(self) -> _Possession:
         return _Possession(self)
+
+
+# client_min_messages: a notice is sent when its level is at least the setting's (INFO always is), as PostgreSQL
+_MESSAGE_LEVELS = {"debug5": 0, "debug4": 1, "debug3": 2, "debug2": 3, "debug1": 4, "debug": 4, "log": 5,
+                   "notice": 6, "warning": 7, "error": 8}
+
+
+def shown_notices(response: CommandComplete, client_min_messages: str) -> CommandComplete:
+    """`response` with the notices the session's client_min_messages filters out removed."""
+    threshold = _MESSAGE_LEVELS.get(client_min_messages.lower(), 6)
+    kept = tuple(notice for notice in response.notices if (severity := as_notice(notice).severity.lower()) == "info"
+                 or _MESSAGE_LEVELS.get(severity, 6) >= threshold)
+    return response if len(kept) == len(response.notices) else dataclasses.replace(response, notices=kept)
 
 
 def _checked_split(sql: str) -> list[str]:

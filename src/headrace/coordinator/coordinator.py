@@ -444,10 +444,10 @@ class Coordinator:
                     await self._run(self.system_mirror.refresh, system)
                 own_writes = await self.tables.statement_with_own_writes(session, ast, statement.sql) \
                     if session.in_block else None
-                await self.tables.wait_visible(statement.sql, cancel=cancel,
+                await self.tables.wait_visible(statement.sql, cancel=cancel, exclude=own_writes and own_writes[1],
                                                statement_timeout_s=statement_timeout_s(session.variables))
                 if own_writes is not None:  # it reads tables this block wrote: as the block sees them
-                    portal.statement = dataclasses.replace(statement, sql=own_writes)
+                    portal.statement = dataclasses.replace(statement, sql=own_writes[0])
             try:
                 response = await self.passthrough.execute(session, portal, cancel, stream=stream)
             finally:
@@ -462,17 +462,17 @@ class Coordinator:
             self.privileges.require_relations(session.user, statement.store_reads)
         elif isinstance(ast, SubscribeStatement):
             self._authorize_subscribe(session, ast)
-        own_writes: str | None = None
+        own_writes: tuple[str, frozenset[str]] | None = None
         if statement.plan is not None or isinstance(statement, FastStatement) or isinstance(ast, SubscribeStatement):
             if session.in_block and isinstance(statement, FastStatement) and statement.store_reads:
                 own_writes = await self.tables.statement_with_own_writes(session, ast, statement.sql)
             elif session.in_block:
                 self.tables.refuse_read_of_own_writes(session, statement.sql)
             # read-your-writes of tables (coordinator/tables.py); a cancel and statement_timeout end the wait
-            await self.tables.wait_visible(statement.sql, cancel=cancel,
+            await self.tables.wait_visible(statement.sql, cancel=cancel, exclude=own_writes and own_writes[1],
                                            statement_timeout_s=statement_timeout_s(session.variables))
         if own_writes is not None:  # an index lookup of a table this block wrote: PostgreSQL runs it as it sees it
-            return await self.run_on_store(session, portal, max_rows, cancel, sql=own_writes)
+            return await self.run_on_store(session, portal, max_rows, cancel, sql=own_writes[0])
         if isinstance(statement, FastStatement):  # answered from an index (coordinator/fast_path.py)
             return await self.fast_path.execute(self, session, portal, max_rows, cancel)
         if statement.plan is not None:

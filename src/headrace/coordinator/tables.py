@@ -395,10 +395,12 @@ class Tables:
 
     # ---- read-your-writes ---------------------------------------------------------------------------
     def behind(self, statement_sql: str | None = None,
-               exclude: str | None = None) -> dict[str, tuple[int, frozenset[str]]]:
+               exclude: str | frozenset[str] | None = None) -> dict[str, tuple[int, frozenset[str]]]:
         """Tables the statement may read (named in its text, directly or through a view over them; all when
         the text is unknown) that the store has not caught up with: id -> (acknowledged end, ids of the views
-        over it the statement names, which must be in the store's checkpoint: created and backfilled)."""
+        over it the statement names, which must be in the store's checkpoint: created and backfilled).
+        `exclude`: tables whose unapplied writes the statement reads from the overlay (no wait)."""
+        excluded = frozenset((exclude,)) if isinstance(exclude, str) else exclude or frozenset()
         if exclude is None:
             # Nothing acknowledged and no catalog change since this text last found everything caught up:
             # still caught up (the store only moves forward). The per-query path: one dictionary lookup.
@@ -408,7 +410,7 @@ class Tables:
         result = {}
         lowered = statement_sql.lower() if statement_sql is not None else None
         for table_id, table_log in self._logs.items():
-            if table_id == exclude:
+            if table_id in excluded:
                 continue
             table = table_log.table
             named_views = [v for v in self._views_over(table) if lowered is None or v.name.lower() in lowered]
@@ -447,10 +449,10 @@ class Tables:
                 raise own_reads.refusal(table.name)
 
     async def statement_with_own_writes(self, session: Session, ast: exp.Expr | None,
-                                        statement_sql: str) -> str | None:
+                                        statement_sql: str) -> tuple[str, frozenset[str]] | None:
         """A read in a transaction block that wrote to tables it reads, on the PostgreSQL store: its text with
-        those tables as this transaction sees them (coordinator/table_own_reads.py); None when it reads none of
-        them. A view over a written table, a table without a key, a statement that is no query: 25000."""
+        those tables as this transaction sees them (coordinator/table_own_reads.py) and their ids (the overlay
+        holds their unapplied writes: the read need not wait for them); None when it reads none of them. A view over a written table, a table without a key, a statement that is no query: 25000."""
         if not self.has_pending_writes(session):
             return None
         lowered = statement_sql.lower()
@@ -475,13 +477,13 @@ class Tables:
                 overlays.append((table, await self._overlay(table, table_log, pending)))
         if not overlays:
             return None
-        return own_reads.with_own_writes(ast, overlays)
+        return own_reads.with_own_writes(ast, overlays), frozenset(table.id for table, _ in overlays)
 
     def _views_over(self, table: Table) -> list[Any]:
         return [v for v in self.catalog.views() if (v.input_schema, v.input_name) == (table.schema, table.name)]
 
     async def wait_visible(self, statement_sql: str | None = None, timeout_s: float = VISIBILITY_TIMEOUT_S,
-                           exclude: str | None = None, cancel: asyncio.Event | None = None,
+                           exclude: str | frozenset[str] | None = None, cancel: asyncio.Event | None = None,
                            statement_timeout_s: float = 0.0) -> float:
         """_wait_applied; then a statement reading a materialized view holding an error (a SELECT, or a write's
         INSERT ... SELECT / subquery) fails with it (coordinator/views.py refuse_view_errors)."""
@@ -491,7 +493,7 @@ class Tables:
         await refuse_view_errors(self.catalog, self.store, self._run, statement_sql)  # type: ignore[arg-type]
         return waited
 
-    async def _wait_applied(self, statement_sql: str | None, timeout_s: float, exclude: str | None,
+    async def _wait_applied(self, statement_sql: str | None, timeout_s: float, exclude: str | frozenset[str] | None,
                             cancel: asyncio.Event | None, statement_timeout_s: float) -> float:
         """Wait until the serving store holds every acknowledged write to the tables the statement may read
         (and the views over them it names are backfilled). Returns the seconds waited (0.0 on the fast path:

@@ -174,6 +174,8 @@ class RequestRun:
                     raise HeadraceError("each query must contain exactly one statement", sqlstate="42601")
                 else:
                     statements.append((split[0] if split else "", query.params))
+            if len(statements) > 1:
+                await self.session.check_syntax([statement for statement, _ in statements])
             implicit = len(statements) > 1 and self.session.transaction_status == "I" and not any(
                 runs_on_its_own(statement) for statement, _ in statements)
             if implicit:

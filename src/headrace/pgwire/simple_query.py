@@ -40,6 +40,8 @@ async def run_simple_query(session: SessionClient, sql: str, out: bytearray, can
     if not statements:
         out += messages.empty_query_response()
         return None
+    if len(statements) > 1:
+        await session.check_syntax(statements)  # parsed whole before anything runs, as PostgreSQL's
     implicit = len(statements) > 1 and session.transaction_status == "I" and not any(
         runs_on_its_own(statement) for statement in statements)
     if not implicit:

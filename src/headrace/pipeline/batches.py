@@ -39,7 +39,7 @@ from headrace.materialize.sources import source_binding
 from headrace.pipeline.quarantine import (QUARANTINE_FIELD, QUARANTINE_SOURCE_FIELD, QuarantinedRecord,
                                           refused_records, without_records)
 from headrace.pipeline.view_changes import OneJobBatch, SourceView, batch_changes, input_table, view_documents_isolating
-from headrace.pipeline.status import BatchStats
+from headrace.pipeline.status import batch_stats
 from headrace.pipeline.view_errors import ERRORS_FIELD, ErrorEntry, is_data_error
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class SourceBatches:
         self.binding = source_binding(source)
         self.last_batch_seconds = 0.0
         self.last_batch_at: float | None = None  # wall clock of the last transaction handed to the store
-        self.stats = BatchStats()  # reported to the server: source_status, /metrics (pipeline/status.py)
+        self.stats = batch_stats(self.source.materialization)  # reported: source_status, /metrics (status.py)
         # One Spark job per batch when every view qualifies (view_changes.OneJobBatch); else persist + a job per view.
         self.one_job = OneJobBatch(source, self.views) if OneJobBatch.eligible(source, self.views) else None
 

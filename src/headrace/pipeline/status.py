@@ -36,8 +36,9 @@ headrace_pipeline_sources{state} (sources per state of source_status), and per q
 headrace_pipeline_batches_total, headrace_pipeline_batch_rows_total, headrace_pipeline_batch_seconds (histogram)
 and headrace_pipeline_batch_phase_seconds_total{phase} (docs/metrics.md).
 
-The micro-batch figures are counted in the pipeline process (`BatchStats`, kept by pipeline/batches.py) and travel
-in its status report: cumulative since that process started (a restart resets them, as a Prometheus counter
+The micro-batch figures are counted in the pipeline process (`batch_stats`, kept by pipeline/batches.py and
+table_batches.py per materialization, across restarts of its query) and travel in its status report: cumulative
+since that process started (a restart resets them, as a Prometheus counter
 reset, which rate() handles)."""
 
 from __future__ import annotations
@@ -113,22 +114,34 @@ def one_line_error(error: BaseException | str | None) -> str | None:
     return line[:MAX_ERROR_CHARS]
 
 
+_BATCH_STATS: dict[str, BatchStats] = {}  # per materialization, in the pipeline process: across query restarts
+_BATCH_STATS_LOCK = threading.Lock()
+
+
+def batch_stats(materialization: str) -> BatchStats:
+    """The pipeline process's BatchStats of one query (shared by its successive foreachBatch functions)."""
+    with _BATCH_STATS_LOCK:
+        stats = _BATCH_STATS.get(materialization)
+        if stats is None:
+            stats = _BATCH_STATS[materialization] = BatchStats()
+        return stats
+
+
 def status_row(source: str, materialization: str, failures: int, last_error: str | None,
-               last_error_at: float | None, last_batch_at: float | None, started: bool,
-               batches: Any = None) -> dict[str, Any]:
-    """One source's report (times in seconds since the epoch); `batches`: its foreachBatch function, whose
-    `stats` (BatchStats) it reports."""
+               last_error_at: float | None, last_batch_at: float | None, started: bool) -> dict[str, Any]:
+    """One source's report (times in seconds since the epoch), with its micro-batch figures (`batch_stats`)."""
     if not started:
         state = "failing" if last_error_at is not None else "starting"
     elif last_error_at is not None and (last_batch_at is None or last_batch_at < last_error_at):
         state = "failing"
     else:
         state = "running"
-    stats = getattr(batches, "stats", None)
+    with _BATCH_STATS_LOCK:
+        stats = _BATCH_STATS.get(materialization)
     return {"source": source, "materialization": materialization, "state": state, "failures": failures,
             "last_error": last_error, "last_error_at": last_error_at, "last_batch_at": last_batch_at,
             "next_retry_at": last_error_at + retry_delay_s(failures) if state == "failing" and last_error_at else None,
-            "batch": stats.to_json() if isinstance(stats, BatchStats) else None}
+            "batch": stats.to_json() if stats is not None else None}
 
 
 PIPELINE_COLUMNS: tuple[tuple[str, str], ...] = (

@@ -25,7 +25,7 @@ from headrace.log.access import FileLogAccess, LogAccess
 from headrace.log.read_client import log_access_from_options
 from headrace.materialize.runtime import Runtime
 from headrace.pipeline.log_source import RECORD_FRAME_BYTES, DriverSideReads, record_batches
-from headrace.pipeline.status import BatchStats
+from headrace.pipeline.status import batch_stats
 from headrace.store.table_log import DELETE, Document, RowChange, decode_changes
 from headrace.store.table_reads import table_binding
 
@@ -120,7 +120,7 @@ class TableBatches:
         self.binding = table_binding(table)
         self.last_batch_seconds = 0.0
         self.last_batch_at: float | None = None  # wall clock of the last transaction committed
-        self.stats = BatchStats()  # reported to the server: source_status, /metrics (pipeline/status.py)
+        self.stats = batch_stats(table.materialization)  # reported: source_status, /metrics (status.py)
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         if batch_id <= self.committed_batch_id:

@@ -233,15 +233,14 @@ class BatchLoop:
     def status_report(self) -> list[dict[str, Any]]:
         """Each source's state for headrace_internal.source_status (pipeline/status.py)."""
         with self._lock:
-            items = [(item_id, entry.item, entry.last_batch_at, True, entry.batches)
-                     for item_id, entry in self.entries.items()]
-            items += [(item_id, item, None, False, None) for item_id, (item, _, _) in self.unstarted.items()]
+            items = [(item_id, entry.item, entry.last_batch_at, True) for item_id, entry in self.entries.items()]
+            items += [(item_id, item, None, False) for item_id, (item, _, _) in self.unstarted.items()]
             failures, errors, last_batches = dict(self.failures), dict(self.last_errors), dict(self._last_batches)
         rows = []
-        for item_id, item, last_batch_at, started, batches in items:
+        for item_id, item, last_batch_at, started in items:
             error, error_at = errors.get(item_id, (None, None))
             rows.append(status_row(f"{item.schema}.{item.name}", item.materialization, failures.get(item_id, 0),
-                                   error, error_at, last_batch_at or last_batches.get(item_id), started, batches))
+                                   error, error_at, last_batch_at or last_batches.get(item_id), started))
         return rows
 
     # ------------------------------------------------------------------ the loop thread

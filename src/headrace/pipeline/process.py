@@ -401,8 +401,7 @@ class Pipeline:
                 self._last_batches.get(source_id)
             error, error_at = self.last_errors.get(source_id, (None, None))
             rows.append(status_row(f"{source.schema}.{source.name}", source.materialization,
-                                   self.failures.get(source_id, 0), error, error_at, last_batch_at, started,
-                                   running.batches if running is not None else None))
+                                   self.failures.get(source_id, 0), error, error_at, last_batch_at, started))
         return rows
 
 

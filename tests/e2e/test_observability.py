@@ -129,6 +129,9 @@ def test_materializations(observed: HeadraceProcess) -> None:
                             "WHERE name = 'obs_files'").fetchone()
         assert sink == ("sink", "running", True, 0, True, True)
         # the pipeline's side: its query for the source and the phases of its last micro-batch
+        wait_for(lambda: conn.execute("SELECT rows FROM headrace_internal.source_status "
+                                      "WHERE source = 'public.obs_events'").fetchone() == (5,), 10,
+                 message="the pipeline's report (once a second) of its batches")
         query = conn.execute("SELECT state, batches >= 1, rows >= 5, last_batch_seconds >= 0, "
                              "last_read_seconds + last_source_rows_seconds + last_views_seconds "
                              "+ last_transaction_seconds FROM headrace_internal.source_status "

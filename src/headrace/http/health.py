@@ -80,7 +80,7 @@ class Health:
                         "materialization": row["materialization"], "state": row["state"],
                         "reason": row["last_error"] if row["state"] == "failed" else
                         f"work pending and no commit for {row['lag_seconds']:.0f} s",
-                        "since": _iso(row["last_error_at"]) if row["state"] == "failed" else _iso(row["last_commit_at"]),
+                        "since": _iso(row["last_error_at" if row["state"] == "failed" else "last_commit_at"]),
                         "attempts": row["attempts"], "next_retry_at": _iso(row["next_retry_at"])})
         return not not_ready, {"status": "ready" if not not_ready else "not ready", "not_ready": not_ready,
                                "parts": parts}

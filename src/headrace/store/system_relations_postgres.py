@@ -85,7 +85,8 @@ class SystemRelationsMirror:
                     f"pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER') THEN {quote_ident(name_)} "
                     f"ELSE '{INSUFFICIENT_PRIVILEGE}' END AS {quote_ident(name_)}" if name_ == column
                     else quote_ident(name_) for name_, _ in relation.columns)
-                conn.execute(f"CREATE VIEW {relation_name} AS SELECT {shown} FROM {table}")  # type: ignore[attr-defined]
+                view = f"CREATE VIEW {relation_name} AS SELECT {shown} FROM {table}"
+                conn.execute(view)  # type: ignore[attr-defined]
                 conn.execute(f"REVOKE ALL ON {relation_name} FROM PUBLIC")  # type: ignore[attr-defined]
             conn.execute(f"GRANT SELECT ON {relation_name} TO PUBLIC")  # type: ignore[attr-defined]
             conn.execute(f"GRANT USAGE ON SCHEMA {SYSTEM_SCHEMA} TO PUBLIC")  # type: ignore[attr-defined]

@@ -153,7 +153,9 @@ class SessionClient:
             with self._possession(), io_faults_as_errors():
                 response = await self._coordinator.execute(self._session, found, max_rows, cancel, stream=stream)
                 if isinstance(response, Fetch):
-                    response = await fetch_rows(self._coordinator, self._session, response, cancel)
+                    fetched = await fetch_rows(self._coordinator, self._session, response, cancel)
+                    failed = False
+                    return fetched
                 if isinstance(response, Subscribing):
                     streaming = True  # it goes on after this returns: a CancelRequest must still reach it
                 failed = False

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.e2e
 VISIBLE_WITHIN_S = 5.0
 
 
+@pytest.mark.timeout(600)  # a Spark start, then retries with backoff; minutes on a loaded 2-core machine
 def test_a_failing_materialization_is_visible_within_seconds(tmp_path: Path) -> None:
     server = HeadraceProcess(tmp_path / "data")
     server.start(env={"HEADRACE_FAILPOINTS": "start_commit:error@source_u2"})
@@ -34,13 +35,9 @@ def test_a_failing_materialization_is_visible_within_seconds(tmp_path: Path) -> 
             conn.execute("CREATE SOURCE stuck FROM WEBHOOK BODY FORMAT JSON")  # u2: its commits fail
             assert conn.execute("SELECT name, materialization FROM headrace_internal.objects ORDER BY id").fetchall() \
                 == [("fine", "source_u1"), ("stuck", "source_u2")]
-            # Spark warmed up: the healthy source commits, and the pipeline runs the failing one's query
+            # Spark warmed up: the healthy source commits
             assert post_webhook(server.webhook_url("fine"), b'{"n": 1}').status_code == 200
             wait_for(lambda: conn.execute("SELECT count(*) FROM fine").fetchone() == (1,), 240, message="fine's row")
-            wait_for(lambda: conn.execute("SELECT state FROM headrace_internal.source_status "
-                                          "WHERE source = 'public.stuck'").fetchone() == ("running",), 240,
-                     message="stuck's query started")
-
             assert post_webhook(server.webhook_url("stuck"), b'{"n": 1}').status_code == 200  # still accepted
 
             def failed() -> Any:

@@ -178,3 +178,11 @@ def test_health_names_what_is_not_ready() -> None:
     health.materializations = lambda: []
     assert asyncio.run(health.ready()) == (True, {"status": "ready", "not_ready": [], "parts": {
         "server": "ready", "pipeline": "running", "store": "ready", "materializations": 0}})
+
+
+def test_a_restricted_column_is_hidden_from_snapshots_that_do_not_know_the_reader() -> None:
+    from headrace.store.system_tables import INSUFFICIENT_PRIVILEGE, SystemRelation
+
+    relation = SystemRelation((("usename", "VARCHAR"), ("query", "VARCHAR"), ("pid", "INTEGER")),
+                              lambda: [("alice", "SELECT 1", 7)], restricted=("query", "usename"))
+    assert relation.snapshot().to_pylist() == [{"usename": "alice", "query": INSUFFICIENT_PRIVILEGE, "pid": 7}]

@@ -46,3 +46,12 @@ def test_unarmed_points_do_nothing() -> None:
     untouched = run(None)
     assert untouched.returncode == 0 and untouched.stdout.split() == ["1", "2", "3", "4", "5"]
     assert run("other_point:1").returncode == 0
+
+
+def test_parse_errors() -> None:
+    from headrace.failpoints import parse_errors
+
+    assert parse_errors("a:3,b:error,c:error@source_u1") == {"b": None, "c": "source_u1"}
+    assert parse("a:3,b:error") == {"a": 3}
+    with pytest.raises(ValueError):
+        parse_errors("a:errors")

@@ -13,6 +13,12 @@ Points:
       not sent yet (sink/runner.py): issue 6's kill -9 between StartedCommit and Acknowledged.
   between_table_appends: a COMMIT that wrote several tables has its intent durable and its first table's record
       appended, the others not yet (coordinator/tables.py): restart must complete the transaction.
+
+Error points: `name:error` (or `name:error@subject`) makes `fail(name, subject)` raise FailPointError on every pass
+(only when `subject` is the given one), leaving the process alive, so a test can watch headrace handle a failure that
+persists (state, retries, /metrics, /health/ready):
+  start_commit: the serving or sink driver's commit of materialization `subject` (source_<id>, table_<id>, sink_<id>)
+      fails before it starts (materialize/driver.py).
 """
 
 from __future__ import annotations
@@ -25,12 +31,16 @@ import threading
 ENVIRONMENT_VARIABLE = "HEADRACE_FAILPOINTS"
 
 
+class FailPointError(Exception):
+    """What an armed error point raises."""
+
+
 def parse(spec: str) -> dict[str, int]:
-    """`"a:3,b:1"` -> {"a": 3, "b": 1}; a name without a count fires the first time."""
+    """`"a:3,b:1"` -> {"a": 3, "b": 1}; a name without a count fires the first time (error points: parse_errors)."""
     points: dict[str, int] = {}
     for item in spec.split(","):
         name, _, count = item.strip().partition(":")
-        if not name:
+        if not name or count.startswith("error"):
             continue
         points[name] = int(count) if count else 1
         if points[name] < 1:
@@ -38,7 +48,21 @@ def parse(spec: str) -> dict[str, int]:
     return points
 
 
+def parse_errors(spec: str) -> dict[str, str | None]:
+    """`"a:error,b:error@source_u1"` -> {"a": None, "b": "source_u1"}: the error points and their subjects."""
+    points: dict[str, str | None] = {}
+    for item in spec.split(","):
+        name, _, action = item.strip().partition(":")
+        if name and action.startswith("error"):
+            kind, _, subject = action.partition("@")
+            if kind != "error":
+                raise ValueError(f"{ENVIRONMENT_VARIABLE}: {item.strip()!r}: expected {name}:error[@subject]")
+            points[name] = subject or None
+    return points
+
+
 _ARMED: dict[str, int] = parse(os.environ.get(ENVIRONMENT_VARIABLE, ""))
+_ERRORS: dict[str, str | None] = parse_errors(os.environ.get(ENVIRONMENT_VARIABLE, ""))
 _hits: dict[str, int] = {}
 _lock = threading.Lock()
 
@@ -55,3 +79,12 @@ def reached(name: str) -> None:
         sys.stderr.write(f"headrace: fail point {name} reached (pass {_ARMED[name]}): SIGKILL process group\n")
         sys.stderr.flush()
         os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def fail(name: str, subject: str | None = None) -> None:
+    """Raise FailPointError if error point `name` is armed (for `subject`, when it names one); else nothing."""
+    if name not in _ERRORS:
+        return
+    armed = _ERRORS[name]
+    if armed is None or armed == subject:
+        raise FailPointError(f"fail point {name} armed for {subject or 'every subject'}")

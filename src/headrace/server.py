@@ -36,6 +36,7 @@ from headrace.pgwire.auth import insecure_trust_rules, parse_auth_rules
 from headrace.pgwire.limits import PgLimits, raise_open_file_limit
 from headrace.pgwire.security import SecurityConfig, make_tls_context
 from headrace.pgwire.server import start_pgwire_server
+from headrace.metrics.setup import install as install_observability
 from headrace.log.read_service import LogReadCollector, LogReadService, start_log_read_service, write_token
 from headrace.pipeline.spark_master import BadSparkMaster, check_reachable, parse_master
 from headrace.pipeline.status import PipelineCollector
@@ -255,6 +256,8 @@ async def _serve(config: ServerConfig, stop: asyncio.Event, layout: DataLayout, 
     await coordinator.tables.open_all()  # tables: store tables, public relations, logs (coordinator/tables.py)
     await coordinator.sink_manager.start()  # built-in drivers, then a runner per sink (sink/manager.py)
     adapter = AdapterClient(coordinator)
+    # headrace_internal.objects / materializations / sessions ..., /metrics families, /health/ready's parts
+    await asyncio.to_thread(install_observability, http_app, coordinator, adapter, supervisor, store, registry)
     security = SecurityConfig(parse_auth_rules(config.auth), roles,
                               make_tls_context(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None)
     set_sql_adapter(http_app, adapter, security)  # the HTTP SQL API answers 503 until now

@@ -11,7 +11,7 @@ import pyarrow as pa
 from headrace.catalog.items import WebhookSource
 from headrace.pipeline.log_source import ARROW_SCHEMA
 from headrace.pipeline.quarantine import refused_records, without_records
-from headrace.pipeline.status import PipelineStatus, one_line_error, status_row
+from headrace.pipeline.status import PipelineStatus, one_line_error, retry_delay_s, status_row
 from headrace.sql.ddl import item_from_create_sql
 from headrace.store.quarantine import QUARANTINE_FIELD, QUARANTINE_SOURCE_FIELD, ensure_quarantine_table, \
     quarantine_snapshot, record_quarantined
@@ -86,7 +86,10 @@ def test_status_states() -> None:
     assert status_row("public.s", "source_u1", 1, "boom", 10.0, None, False)["state"] == "failing"
     status = PipelineStatus()
     status.update([status_row("public.s", "source_u1", 1, "boom", 10.0, 12.0, True)])
-    assert status.rows() == [("public.s", "source_u1", "running", 1, "boom", 10_000_000, 12_000_000)]
+    # then: next_retry_at (only while failing), and the micro-batch figures (tests/observe/test_observe_units.py)
+    assert status.rows()[0][:8] == ("public.s", "source_u1", "running", 1, "boom", 10_000_000, 12_000_000, None)
+    failing = status_row("public.s", "source_u1", 2, "boom", 10.0, 5.0, True)
+    assert failing["next_retry_at"] == 10.0 + retry_delay_s(2) == 12.0
 
 
 def test_one_line_error_of_a_spark_query() -> None:

@@ -194,7 +194,10 @@ def test_a_superuser_of_the_same_name_is_locked_down(embedded: PostgresStore) ->
 
 def test_demoted_superuser_loses_create(embedded: PostgresStore) -> None:
     embedded.ensure_role("demoted", superuser=True)
+    member = "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')"
+    assert _one(embedded.conninfo_for("demoted"), member) is True  # every session's query, as a superuser's
     embedded.ensure_role("demoted", superuser=False)
+    assert _one(embedded.conninfo_for("demoted"), member) is False
     with psycopg.connect(embedded.conninfo_for("demoted"), autocommit=True) as conn:
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute("CREATE TABLE not_any_more (n int)")
@@ -320,6 +323,8 @@ def test_external_store_with_a_createrole_admin(external_cluster: PostgresCluste
     _refuses_server_side_files(store.conninfo_for("boss"))
     with psycopg.connect(store.conninfo_for("boss"), autocommit=True) as conn:
         conn.execute("CREATE TABLE boss_table (n int)")
+        # a CREATEROLE admin can make it a pg_read_all_stats member (PostgreSQL 15)
+        assert conn.execute("SELECT pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')").fetchone() == (True,)
     passwords = tmp_path / "store_roles.json"
     assert stat.S_IMODE(passwords.stat().st_mode) == 0o600
     # The password file is all that lets a mirrored role in: its password is no one else's.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Sequence
 
 from headrace.coordinator.coordinator import Coordinator
@@ -28,6 +29,7 @@ from headrace.coordinator.session import (
 )
 from headrace.coordinator.passthrough import takes_unparsed
 from headrace.errors import HeadraceError, InternalError, SyntaxError_, as_notice, io_faults_as_errors
+from headrace.metrics.sessions import STATEMENTS, SessionActivity
 from headrace.pgwire.types.time_zone import bind_session_variables
 from headrace.catalog.items import DEFAULT_DATABASE
 from headrace.sql import limits
@@ -46,6 +48,7 @@ class SessionClient:
         self._adapter = adapter
         self._busy = False
         self._cancel: asyncio.Event | None = None
+        self.activity = SessionActivity()  # headrace_internal.sessions (metrics/sessions.py)
 
     @property
     def connection_id(self) -> int:
@@ -161,19 +164,29 @@ class SessionClient:
         found = self._session.get_portal(portal)
         self._cancel = cancel
         streaming = False
+        resumed = found.pending_rows is not None or found.row_stream is not None  # a later piece of one result
+        if not resumed:
+            self.activity.begin(found.statement.sql)
+        began, failed = time.perf_counter(), True
         try:
             with self._possession(), io_faults_as_errors():
                 response = await self._coordinator.execute(self._session, found, max_rows, cancel, stream=stream)
                 if isinstance(response, Fetch):
-                    return await fetch_rows(self._coordinator, self._session, response, cancel)
+                    fetched = await fetch_rows(self._coordinator, self._session, response, cancel)
+                    failed = False
+                    return fetched
                 if isinstance(response, Subscribing):
                     streaming = True  # it goes on after this returns: a CancelRequest must still reach it
+                failed = False
                 if isinstance(response, CommandComplete) and response.notices:
                     return shown_notices(response, self._session.variables.get("client_min_messages", "notice"))
                 return response
         finally:
             if not streaming:
                 self._cancel = None
+            if not resumed:  # headrace_sql_statement_seconds, headrace_internal.sessions (metrics/sessions.py)
+                STATEMENTS.observe(self.activity.kind or "other", time.perf_counter() - began, failed)
+                self.activity.end(self._session.transaction.value)
 
     async def insert_rows(self, target: CopyFrom, rows: list[tuple[object, ...]],
                           cancel: asyncio.Event | None = None) -> CommandComplete:
@@ -278,6 +291,10 @@ class AdapterClient:
         client = self._sessions.get(connection_id)
         if client is not None and client.secret_key == secret_key:
             client.cancel_running()
+
+    def sessions(self) -> list[SessionClient]:
+        """The open sessions (headrace_internal.sessions, headrace_sql_sessions)."""
+        return list(self._sessions.values())
 
     def _forget(self, client: SessionClient) -> None:
         self._sessions.pop(client.connection_id, None)

@@ -245,6 +245,15 @@ class Passthrough:
         self._backends: dict[int, BackendState] = {}
         self.routes = StoreRoutes()
 
+    def backend_pid(self, connection_id: int) -> int | None:
+        """The pid of a session's backend in the store PostgreSQL, if it has one (headrace_internal.sessions)."""
+        backend = self._backends.get(connection_id)
+        return None if backend is None or backend.connection.closed else backend.connection.backend_pid
+
+    def backend_count(self) -> int:
+        """Sessions' backend connections open now (headrace_store_session_backends)."""
+        return len(self._backends)
+
     # ---- prepare / execute ------------------------------------------------------------------
     async def prepare(self, session: Session, sql: str, param_types: Sequence[int], ast: exp.Expr | None,
                       *, describe: bool = True) -> PreparedStatement:

@@ -135,6 +135,12 @@ class Tables:
         with self.store.cursor() as cursor:
             cursor.execute(public_relation_sql(table))
 
+    def log_end(self, table_id: str) -> int | None:
+        """The end of a table's log as acknowledged (headrace_internal.materializations: what the pipeline must
+        commit up to); None for a table not open."""
+        table_log = self._logs.get(table_id)
+        return None if table_log is None else table_log.acked_end
+
     def _log_dir(self, table: Table) -> Path:
         return self.data_root / "logs" / table.id
 

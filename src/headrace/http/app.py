@@ -9,7 +9,10 @@ POST /api/webhook/{database}/{schema}/{name}
     limit (all sources, or this one); 503 + Retry-After while starting, shutting down, or when the
     log cannot be written.
 GET /metrics
-    Prometheus text format (per-source counters and the ack latency histogram).
+    Prometheus text format: every part's families (docs/metrics.md), built at scrape time in a worker thread (a
+    collector may read the store).
+GET /health/live, GET /health/ready
+    Liveness, and readiness naming the parts that do not serve (http/health.py).
 
 `run_http` listens with http/fast_ingest.py's protocol, which answers plain webhook POSTs itself
 and hands every other connection (with its bytes) to this aiohttp app. Both answer webhooks
@@ -18,6 +21,7 @@ through the same WebhookEndpoint (http/webhook_endpoint.py).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -28,13 +32,14 @@ from prometheus_client.registry import Collector
 from headrace.http.body import BodyTimeout, read_body, request_timeout
 from headrace.http.error_log import RequestErrorLogger
 from headrace.http.fast_ingest import HttpFront, start_front
+from headrace.http.health import Health, add_health_routes
 from headrace.http.settings import HttpSettings
 from headrace.http.sql_api import add_sql_routes
 from headrace.http.webhook_endpoint import Reply, ServerState, WebhookEndpoint
 from headrace.webhook.ingest import IngestRegistry
 from headrace.webhook.metrics import WebhookCollector
 
-__all__ = ["MAX_BODY_BYTES", "ServerState", "make_app", "register_metrics", "run_http"]
+__all__ = ["MAX_BODY_BYTES", "ServerState", "health_of", "make_app", "register_metrics", "run_http"]
 
 MAX_BODY_BYTES = 5 << 20  # the default of IngestSettings.max_body_bytes, as Materialize
 WEBHOOK_ROUTE = "/api/webhook/{database}/{schema}/{name}"
@@ -43,6 +48,7 @@ _REGISTRY: web.AppKey[IngestRegistry] = web.AppKey("headrace_ingest_registry", I
 _ENDPOINT: web.AppKey[WebhookEndpoint] = web.AppKey("headrace_webhook_endpoint", WebhookEndpoint)
 _SETTINGS: web.AppKey[HttpSettings] = web.AppKey("headrace_http_settings", HttpSettings)
 _METRICS: web.AppKey[CollectorRegistry] = web.AppKey("headrace_metrics", CollectorRegistry)
+_HEALTH: web.AppKey[Health] = web.AppKey("headrace_health", Health)
 
 
 def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerState = lambda: True,
@@ -63,13 +69,38 @@ def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerStat
     app[_METRICS] = metrics_registry
 
     async def metrics(_request: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(metrics_registry))
+        # In a thread: collectors read other threads' counters and some read the store (materializations).
+        response = web.Response(body=await asyncio.to_thread(generate_latest, metrics_registry))
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
     app.router.add_get("/metrics", metrics)
+    health = Health(ready if isinstance(ready, ServerState) else _CallableState(ready))
+    app[_HEALTH] = health
+    add_health_routes(app, health)
     add_sql_routes(app, http.allowed_origins, http.body_timeout_s)  # POST /api/sql, WebSocket /api/experimental/sql (http/sql_api.py)
     return app
+
+
+def health_of(app: web.Application) -> Health:
+    """What /health/ready checks: the server gives it its parts as they start (server.py, metrics/setup.py)."""
+    return app[_HEALTH]
+
+
+class _CallableState(ServerState):
+    """A `ready` given as a function (tests), read as a ServerState."""
+
+    def __init__(self, ready: Callable[[], bool]) -> None:
+        super().__init__()
+        self._ready = ready
+
+    @property  # type: ignore[override]
+    def ready(self) -> bool:
+        return self._ready()
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        self._ready = lambda: value
 
 
 def register_metrics(app: web.Application, collector: Collector) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from contextlib import suppress
@@ -66,6 +67,7 @@ from headrace.materialize.protocol import (
     to_wire,
 )
 from headrace.materialize.transport import FrameReader, write_frame, write_frames
+from headrace.metrics.materializations import LEDGER
 
 logger = logging.getLogger(__name__)
 
@@ -216,6 +218,7 @@ class _DriverSession:
         self._staged_stores: list[Store] = []
         self._acknowledging: asyncio.Task[None] | None = None
         self._failed = False
+        self._materialization: str | None = None  # from Open: what LEDGER records this session's commits under
 
     async def run(self) -> None:
         try:
@@ -266,10 +269,16 @@ class _DriverSession:
             await self._flush()
         elif isinstance(request, StartCommit):
             await self._hand_over_stores()
+            failpoints.fail("start_commit", self._materialization)  # tests: a commit that keeps failing
+            began = time.perf_counter()
             started = await self._call(self._active().start_commit, request.runtime_checkpoint)
+            if self._materialization is not None:  # headrace_internal.materializations, /metrics
+                LEDGER.committed(self._materialization, time.perf_counter() - began, request.runtime_checkpoint)
             await self._respond([started])
             failpoints.reached("after_started_commit")  # tests: kill -9 before the next Acknowledge
         elif isinstance(request, Open):
+            self._materialization = request.spec.name
+            LEDGER.opened(request.spec.name)
             self._transactor = await self._call(self._factory, request)
             opened = await self._call(self._transactor.open, request)
             await self._respond([opened])
@@ -328,6 +337,8 @@ class _DriverSession:
             return
         self._failed = True
         message = str(exc) if isinstance(exc, HeadraceError) else f"{type(exc).__name__}: {exc}"
+        if self._materialization is not None:
+            LEDGER.failed(self._materialization, message)
         logger.warning("materialization driver failed: %s", message)
         await self._channel.send_error(ErrorResponse(message, fenced_off=isinstance(exc, FencedOff)))
 

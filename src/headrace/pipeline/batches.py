@@ -39,6 +39,7 @@ from headrace.materialize.sources import source_binding
 from headrace.pipeline.quarantine import (QUARANTINE_FIELD, QUARANTINE_SOURCE_FIELD, QuarantinedRecord,
                                           refused_records, without_records)
 from headrace.pipeline.view_changes import OneJobBatch, SourceView, batch_changes, input_table, view_documents_isolating
+from headrace.pipeline.status import batch_stats
 from headrace.pipeline.view_errors import ERRORS_FIELD, ErrorEntry, is_data_error
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class SourceBatches:
         self.binding = source_binding(source)
         self.last_batch_seconds = 0.0
         self.last_batch_at: float | None = None  # wall clock of the last transaction handed to the store
+        self.stats = batch_stats(self.source.materialization)  # reported: source_status, /metrics (status.py)
         # One Spark job per batch when every view qualifies (view_changes.OneJobBatch); else persist + a job per view.
         self.one_job = OneJobBatch(source, self.views) if OneJobBatch.eligible(source, self.views) else None
 
@@ -177,6 +179,8 @@ class SourceBatches:
         self.committed_batch_id = batch_id
         self.last_batch_at = time.time()
         self.last_batch_seconds = time.monotonic() - started
+        self.stats.observe(table.num_rows, {"read": read - started, "source_rows": collected - read,
+                                            "views": viewed - collected, "transaction": time.monotonic() - viewed})
         if self.last_batch_seconds > SLOW_BATCH_S:
             phases = " ".join(f"{name} {seconds:.2f}" for name, seconds in self.runtime.phase_seconds.items())
             documents_count = len(documents) + sum(batch.partials.num_rows for batch in columnar)

@@ -7,6 +7,14 @@
     last_error      text         the last failure, one line (the driver's error, or the query's exception)
     last_error_at   timestamptz  when it was seen
     last_batch_at   timestamptz  when its last batch was handed to the store
+    next_retry_at   timestamptz  while failing: when the pipeline restarts the query (backoff: retry_delay_s)
+    batches         bigint       micro-batches handed to the store since the pipeline process started
+    rows            bigint       log records in them
+    last_batch_rows bigint       records in the last one
+    last_batch_seconds double    its duration, and its phases: read (Spark job collecting the log records),
+    last_read_seconds, last_source_rows_seconds, last_views_seconds, last_transaction_seconds (double)
+                                 source_rows (net changes), views (view documents), transaction (the runtime's
+                                 Load / reduce / Store / StartCommit)
 
 The pipeline process sends a report over its control connection whenever it changes (`report`, in the process;
 `PipelineStatus.update`, in the server). Only the server's memory holds it: after a restart the pipeline reports
@@ -23,8 +31,15 @@ The pipeline process itself, as the supervisor sees it, is `headrace_internal.pi
     last_error_at   timestamptz
     started_at      timestamptz  when the running (or starting) pipeline process was started
 
-and in /metrics: headrace_pipeline_up (1 while running), headrace_pipeline_restarts_total, and
-headrace_pipeline_sources{state} (sources per state of source_status)."""
+and in /metrics: headrace_pipeline_up (1 while running), headrace_pipeline_restarts_total,
+headrace_pipeline_sources{state} (sources per state of source_status), and per query (source or table)
+headrace_pipeline_batches_total, headrace_pipeline_batch_rows_total, headrace_pipeline_batch_seconds (histogram)
+and headrace_pipeline_batch_phase_seconds_total{phase} (docs/metrics.md).
+
+The micro-batch figures are counted in the pipeline process (`batch_stats`, kept by pipeline/batches.py and
+table_batches.py per materialization, across restarts of its query) and travel in its status report: cumulative
+since that process started (a restart resets them, as a Prometheus counter
+reset, which rate() handles)."""
 
 from __future__ import annotations
 
@@ -37,12 +52,53 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+BATCH_PHASES = ("read", "source_rows", "views", "transaction")
 STATUS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("source", "VARCHAR"), ("materialization", "VARCHAR"), ("state", "VARCHAR"), ("failures", "BIGINT"),
     ("last_error", "VARCHAR"), ("last_error_at", "TIMESTAMPTZ"), ("last_batch_at", "TIMESTAMPTZ"),
+    ("next_retry_at", "TIMESTAMPTZ"), ("batches", "BIGINT"), ("rows", "BIGINT"), ("last_batch_rows", "BIGINT"),
+    ("last_batch_seconds", "DOUBLE"), *((f"last_{phase}_seconds", "DOUBLE") for phase in BATCH_PHASES),
 )
 MAX_ERROR_CHARS = 500
 _FIELDS = [name for name, _ in STATUS_COLUMNS]
+
+
+def retry_delay_s(failures: int) -> float:
+    """The pipeline's backoff before restarting a query after its n-th failure (pipeline/process.py's
+    restart_failed and pipeline/batch_loop.py's _backoff: the same formula, asserted by a test)."""
+    return min(10.0, 0.5 * 2 ** min(failures, 5))
+
+
+class BatchStats:
+    """One query's micro-batches, counted in the pipeline process (pipeline/batches.py) and sent in its report."""
+
+    __slots__ = ("batches", "rows", "seconds", "phase_totals", "last_rows", "last_seconds", "last_phases")
+
+    def __init__(self) -> None:
+        from headrace.metrics.histogram import Histogram
+
+        self.batches = 0
+        self.rows = 0
+        self.seconds = Histogram()
+        self.phase_totals = dict.fromkeys(BATCH_PHASES, 0.0)
+        self.last_rows = 0
+        self.last_seconds = 0.0
+        self.last_phases = dict.fromkeys(BATCH_PHASES, 0.0)
+
+    def observe(self, rows: int, phases: dict[str, float]) -> None:
+        seconds = sum(phases.values())
+        self.batches += 1
+        self.rows += rows
+        self.seconds.observe(seconds)
+        for phase in BATCH_PHASES:
+            self.phase_totals[phase] += phases.get(phase, 0.0)
+        self.last_rows, self.last_seconds = rows, seconds
+        self.last_phases = {phase: phases.get(phase, 0.0) for phase in BATCH_PHASES}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batches": self.batches, "rows": self.rows, "seconds": self.seconds.to_json(),
+                "phase_totals": dict(self.phase_totals), "last_rows": self.last_rows,
+                "last_seconds": self.last_seconds, "last_phases": dict(self.last_phases)}
 # The Python exception line of a traceback that crossed py4j ("headrace.materialize.runtime.DriverError: ...").
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception|Off)): (.+)$")
 
@@ -58,17 +114,34 @@ def one_line_error(error: BaseException | str | None) -> str | None:
     return line[:MAX_ERROR_CHARS]
 
 
+_BATCH_STATS: dict[str, BatchStats] = {}  # per materialization, in the pipeline process: across query restarts
+_BATCH_STATS_LOCK = threading.Lock()
+
+
+def batch_stats(materialization: str) -> BatchStats:
+    """The pipeline process's BatchStats of one query (shared by its successive foreachBatch functions)."""
+    with _BATCH_STATS_LOCK:
+        stats = _BATCH_STATS.get(materialization)
+        if stats is None:
+            stats = _BATCH_STATS[materialization] = BatchStats()
+        return stats
+
+
 def status_row(source: str, materialization: str, failures: int, last_error: str | None,
                last_error_at: float | None, last_batch_at: float | None, started: bool) -> dict[str, Any]:
-    """One source's report (times in seconds since the epoch)."""
+    """One source's report (times in seconds since the epoch), with its micro-batch figures (`batch_stats`)."""
     if not started:
         state = "failing" if last_error_at is not None else "starting"
     elif last_error_at is not None and (last_batch_at is None or last_batch_at < last_error_at):
         state = "failing"
     else:
         state = "running"
+    with _BATCH_STATS_LOCK:
+        stats = _BATCH_STATS.get(materialization)
     return {"source": source, "materialization": materialization, "state": state, "failures": failures,
-            "last_error": last_error, "last_error_at": last_error_at, "last_batch_at": last_batch_at}
+            "last_error": last_error, "last_error_at": last_error_at, "last_batch_at": last_batch_at,
+            "next_retry_at": last_error_at + retry_delay_s(failures) if state == "failing" and last_error_at else None,
+            "batch": stats.to_json() if stats is not None else None}
 
 
 PIPELINE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -128,7 +201,15 @@ class PipelineStatus:
         with self._lock:
             rows = sorted(self._rows, key=lambda row: str(row.get("source")))
         return [tuple(_microseconds(row.get(name)) if name.endswith("_at") else row.get(name) for name in _FIELDS)
-                for row in rows]
+                for row in map(_with_batch_columns, rows)]
+
+
+def _with_batch_columns(row: dict[str, Any]) -> dict[str, Any]:
+    batch = row.get("batch") or {}
+    phases = batch.get("last_phases") or {}
+    return {**row, "batches": batch.get("batches", 0), "rows": batch.get("rows", 0),
+            "last_batch_rows": batch.get("last_rows"), "last_batch_seconds": batch.get("last_seconds"),
+            **{f"last_{phase}_seconds": phases.get(phase) for phase in BATCH_PHASES}}
 
 
 def _microseconds(seconds: float | None) -> int | None:
@@ -155,3 +236,31 @@ class PipelineCollector(Collector):
         for state, count in sorted(counts.items()):
             sources.add_metric([state], count)
         yield sources
+        yield from batch_families(self._status.snapshot())
+
+
+def batch_families(rows: Iterable[dict[str, Any]]) -> Iterator[Any]:
+    """Each query's micro-batch families, from the rows the pipeline reported (labels: source, materialization)."""
+    from prometheus_client.core import HistogramMetricFamily
+
+    from headrace.metrics.histogram import Histogram
+
+    labels = ["source", "materialization"]
+    batches = CounterMetricFamily("headrace_pipeline_batches", "Micro-batches handed to the store.", labels=labels)
+    records = CounterMetricFamily("headrace_pipeline_batch_rows", "Log records in those micro-batches.", labels=labels)
+    seconds = HistogramMetricFamily("headrace_pipeline_batch_seconds", "Duration of a micro-batch, from the "
+                                    "query's call to StartCommit sent.", labels=labels)
+    phases = CounterMetricFamily("headrace_pipeline_batch_phase_seconds", "Seconds spent per phase of the "
+                                 "micro-batches (read, source_rows, views, transaction).", labels=[*labels, "phase"])
+    for row in rows:
+        batch = row.get("batch")
+        if not batch:
+            continue
+        values = [str(row.get("source")), str(row.get("materialization"))]
+        batches.add_metric(values, batch.get("batches", 0))
+        records.add_metric(values, batch.get("rows", 0))
+        histogram = Histogram.from_json(batch.get("seconds") or {})
+        seconds.add_metric(values, histogram.buckets(), histogram.total)
+        for phase in BATCH_PHASES:
+            phases.add_metric([*values, phase], (batch.get("phase_totals") or {}).get(phase, 0.0))
+    yield from (batches, records, seconds, phases)

@@ -25,6 +25,7 @@ from headrace.log.access import FileLogAccess, LogAccess
 from headrace.log.read_client import log_access_from_options
 from headrace.materialize.runtime import Runtime
 from headrace.pipeline.log_source import RECORD_FRAME_BYTES, DriverSideReads, record_batches
+from headrace.pipeline.status import batch_stats
 from headrace.store.table_log import DELETE, Document, RowChange, decode_changes
 from headrace.store.table_reads import table_binding
 
@@ -119,6 +120,7 @@ class TableBatches:
         self.binding = table_binding(table)
         self.last_batch_seconds = 0.0
         self.last_batch_at: float | None = None  # wall clock of the last transaction committed
+        self.stats = batch_stats(table.materialization)  # reported: source_status, /metrics (status.py)
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         if batch_id <= self.committed_batch_id:
@@ -139,6 +141,7 @@ class TableBatches:
         checkpoint = {"epoch": self.epoch, "batch_id": batch_id, "log_end": max(columns["next_offset"]),
                       "views": self.view_ids}
         documents: list[tuple[int, list[Any], Document]] = net_documents(self.table, records)
+        collected = time.monotonic()
         if self.views:
             from headrace.pipeline.table_views import view_documents_and_errors
             from headrace.pipeline.view_errors import ERRORS_FIELD
@@ -147,10 +150,13 @@ class TableBatches:
             documents.extend(found)
             if errors:  # rows a view cannot evaluate: errors of the view, not a failed batch (pipeline/view_errors.py)
                 checkpoint[ERRORS_FIELD] = errors
+        viewed = time.monotonic()
         self.runtime.transact(documents, checkpoint)
         self.committed_batch_id = batch_id
         self.last_batch_at = time.time()
         self.last_batch_seconds = time.monotonic() - started
+        self.stats.observe(arrow.num_rows, {"read": 0.0, "source_rows": collected - started,
+                                            "views": viewed - collected, "transaction": time.monotonic() - viewed})
 
 
 def _read_table_log(spark: Any, log_options: dict[str, str], start_offset: int, stored: dict[str, Any]) -> Any:

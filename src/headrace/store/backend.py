@@ -26,6 +26,7 @@ from psycopg.abc import PQGen
 from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_W
 
 from headrace.errors import HeadraceError, Notice
+from headrace.metrics.store import STORE
 
 TEXT_FORMAT = 0
 BINARY_FORMAT = 1
@@ -213,6 +214,7 @@ class BackendConnection:
         `chunk_rows`, a result of more rows than that comes in pieces (libpq's chunked mode): the first here with
         `more` set, the others from `next_chunk`, so no more than a chunk is held at once."""
         self._notices = []
+        STORE.statement()  # headrace_store_statements (metrics/store.py)
         if params or param_types or result_format != TEXT_FORMAT:
             self._pgconn.send_query_params(sql.encode(), list(params), list(param_types) or None,
                                            list(param_formats) or None, result_format)
@@ -365,6 +367,8 @@ class BackendConnection:
             if result.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.BAD_RESPONSE,
                                  pq.ExecStatus.NONFATAL_ERROR):
                 fallback = self._pgconn.get_error_message().strip() or "the store PostgreSQL failed"
+                sqlstate = result.error_field(_DIAGNOSTIC.SQLSTATE)
+                STORE.error(sqlstate.decode() if sqlstate else "08006")  # headrace_store_errors (metrics/store.py)
                 if self._pgconn.status != pq.ConnStatus.OK:
                     raise HeadraceError(f"lost the connection to the store PostgreSQL: {fallback}",
                                         sqlstate="08006", http_status=503)

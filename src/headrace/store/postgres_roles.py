@@ -209,10 +209,14 @@ class RoleMirror:
         if superuser:
             conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(database, name))
             conn.execute(sql.SQL("GRANT CREATE, USAGE ON SCHEMA public TO {}").format(name))
+            # every session's statement in pg_stat_activity and headrace_internal.sessions, as a PostgreSQL
+            # superuser sees them (metrics/sessions.py)
+            conn.execute(sql.SQL("GRANT pg_read_all_stats TO {}").format(name))
         else:
             # A headrace superuser demoted since: it keeps none of what being one gave it here.
             conn.execute(sql.SQL("REVOKE CREATE ON DATABASE {} FROM {}").format(database, name))
             conn.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM {}").format(name))
+            conn.execute(sql.SQL("REVOKE pg_read_all_stats FROM {}").format(name))
 
     @staticmethod
     def _verifier(password: str) -> sql.Literal:

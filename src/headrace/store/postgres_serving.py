@@ -127,9 +127,16 @@ class ConnectionPool:
         self._idle: list[psycopg.Connection[Any]] = []
         self._lock = threading.Lock()
         self._closed = False
+        self.opened = 0  # connections opened, and those handed out now: headrace_store_pool_* (metrics/store.py)
+        self.in_use = 0
+
+    @property
+    def idle_count(self) -> int:
+        return len(self._idle)
 
     def _open(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(self._conninfo, autocommit=False, application_name="headrace-serving")
+        self.opened += 1
         for name in ("json", "jsonb"):
             conn.adapters.register_loader(name, TextLoader)
         conn.execute(_SESSION)
@@ -144,9 +151,11 @@ class ConnectionPool:
             conn = self._idle.pop() if self._idle else None
         if conn is None or conn.closed:
             conn = self._open()
+        self.in_use += 1
         try:
             yield conn
         finally:
+            self.in_use -= 1
             self._give_back(conn)
 
     def _give_back(self, conn: psycopg.Connection[Any]) -> None:

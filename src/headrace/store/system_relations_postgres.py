@@ -17,7 +17,7 @@ from typing import Any
 
 from headrace.store.postgres_serving import PostgresServingStore
 from headrace.store.serving import quote_ident
-from headrace.store.system_tables import SYSTEM_SCHEMA, SystemRelation, SystemTables
+from headrace.store.system_tables import INSUFFICIENT_PRIVILEGE, SYSTEM_SCHEMA, SystemRelation, SystemTables
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # store/system_tables.py declares DuckDB types
@@ -53,7 +53,7 @@ class SystemRelationsMirror:
                     self._create(conn, name)
             with conn.transaction():
                 for name, rows in snapshots.items():
-                    table = f"{SYSTEM_SCHEMA}.{quote_ident(name)}"
+                    table = _rows_table(name, self._system_tables.relation(name))  # type: ignore[arg-type]
                     conn.execute(f"DELETE FROM {table}")  # not TRUNCATE: readers of the last rows go on
                     if rows:
                         with conn.cursor().copy(f"COPY {table} FROM STDIN") as copy:
@@ -64,15 +64,39 @@ class SystemRelationsMirror:
         relation = self._system_tables.relation(name)
         assert relation is not None
         columns = ", ".join(f"{quote_ident(column)} {_POSTGRES_TYPES[kind]}" for column, kind in relation.columns)
-        table = f"{SYSTEM_SCHEMA}.{quote_ident(name)}"
+        table = _rows_table(name, relation)
+        relation_name = f"{SYSTEM_SCHEMA}.{quote_ident(name)}"
         with conn.transaction():  # type: ignore[attr-defined]
             # made again at each start: an earlier version's columns may differ, and the rows are a snapshot anyway
+            for kind, in conn.execute(  # type: ignore[attr-defined]
+                    "SELECT relkind FROM pg_class WHERE relnamespace = %s::regnamespace AND relname = %s",
+                    [SYSTEM_SCHEMA, name]).fetchall():
+                conn.execute(f"DROP {'VIEW' if kind == 'v' else 'TABLE'} {relation_name}")  # type: ignore[attr-defined]
             conn.execute(f"DROP TABLE IF EXISTS {table}")  # type: ignore[attr-defined]
             conn.execute(f"CREATE TABLE {table} ({columns})")  # type: ignore[attr-defined]
             conn.execute(f"REVOKE ALL ON {table} FROM PUBLIC")  # type: ignore[attr-defined]
-            conn.execute(f"GRANT SELECT ON {table} TO PUBLIC")  # type: ignore[attr-defined]
+            if relation.restricted is not None:
+                # A view over the admin's table: its owner reads the rows, and `current_user` in it is the reader's,
+                # so the restricted column shows only on the reader's own rows (or to pg_read_all_stats members), as
+                # PostgreSQL's pg_stat_activity shows `query`.
+                column, role_column = relation.restricted
+                shown = ", ".join(
+                    f"CASE WHEN {quote_ident(role_column)} = current_user OR "
+                    f"pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER') THEN {quote_ident(name_)} "
+                    f"ELSE '{INSUFFICIENT_PRIVILEGE}' END AS {quote_ident(name_)}" if name_ == column
+                    else quote_ident(name_) for name_, _ in relation.columns)
+                view = f"CREATE VIEW {relation_name} AS SELECT {shown} FROM {table}"
+                conn.execute(view)  # type: ignore[attr-defined]
+                conn.execute(f"REVOKE ALL ON {relation_name} FROM PUBLIC")  # type: ignore[attr-defined]
+            conn.execute(f"GRANT SELECT ON {relation_name} TO PUBLIC")  # type: ignore[attr-defined]
             conn.execute(f"GRANT USAGE ON SCHEMA {SYSTEM_SCHEMA} TO PUBLIC")  # type: ignore[attr-defined]
         self._made.add(name)
+
+
+def _rows_table(name: str, relation: SystemRelation) -> str:
+    """Where the relation's rows are written: the relation itself, or for one with a restricted column the admin's
+    table `<name>$rows` under its view."""
+    return f"{SYSTEM_SCHEMA}.{quote_ident(name + '$rows' if relation.restricted is not None else name)}"
 
 
 def _rows(relation: SystemRelation) -> list[tuple[Any, ...]]:

@@ -11,6 +11,14 @@
     headrace_internal.view_errors        rows materialized views cannot compute, with their SQLSTATE and message
                                          (store/view_errors.py; read from the serving store, DuckDB or PostgreSQL)
 
+and, added by metrics/setup.py once the server's parts exist:
+
+    headrace_internal.objects            every catalog object (catalog/system/objects.py)
+    headrace_internal.object_dependencies  each object and the objects it reads (catalog/system/objects.py)
+    headrace_internal.materializations   per source, table, view and sink: state, position, lag, freshness, last
+                                         error, retries (metrics/materialization_status.py)
+    headrace_internal.sessions           SQL sessions and their running statements (metrics/sessions.py)
+
 The planner resolves them by name (`exists`); `bind` points the planned DuckDB SQL at a per-cursor
 name, and `register` puts a fresh Arrow snapshot under that name on the cursor that runs the query,
 so each query sees the counters as of its start and nothing is written to the serving store."""
@@ -39,6 +47,7 @@ from headrace.webhook.metrics import COUNTER_COLUMNS, counter_rows
 from headrace.webhook.request_log import REQUEST_COLUMNS, request_rows
 
 SYSTEM_SCHEMA = "headrace_internal"
+INSUFFICIENT_PRIVILEGE = "<insufficient privilege>"  # what pg_stat_activity shows of another role's query
 _REGISTERED_PREFIX = "__headrace_system_"
 
 _ARROW_TYPES = {
@@ -53,11 +62,18 @@ class SystemRelation:
     rows: Callable[[], Iterable[tuple[Any, ...]]]
     # Instead of `rows`: the snapshot read through the query's own cursor (a relation kept in the serving store).
     read: Callable[[duckdb.DuckDBPyConnection], pa.Table] | None = None
+    # (column, role column): `column` is shown only to the role the row's `role column` names, as
+    # pg_stat_activity shows `query` (store/system_relations_postgres.py makes the relation a view doing that);
+    # the DuckDB serving store, whose snapshots do not know the reader, shows it to no one.
+    restricted: tuple[str, str] | None = None
 
     def snapshot(self, cursor: duckdb.DuckDBPyConnection | None = None) -> pa.Table:
         if self.read is not None and cursor is not None:
             return self.read(cursor)
         rows = list(self.rows())
+        if self.restricted is not None:
+            hidden = [name for name, _ in self.columns].index(self.restricted[0])
+            rows = [(*row[:hidden], INSUFFICIENT_PRIVILEGE, *row[hidden + 1:]) for row in rows]
         arrays = [pa.array([row[index] for row in rows], type=_ARROW_TYPES[type_name])
                   for index, (_, type_name) in enumerate(self.columns)]
         return pa.Table.from_arrays(arrays, names=[name for name, _ in self.columns])

@@ -166,6 +166,11 @@ class SourceIngestor:
                 self._evictor = asyncio.get_running_loop().create_task(self._evict_forever(), name="dedupe-evict")
 
     @property
+    def log_end_offset(self) -> int:
+        """The end of the source's log (what the pipeline must commit up to: headrace_internal.materializations)."""
+        return self._log.end_offset
+
+    @property
     def window_us(self) -> int:
         return self._codec.window_us
 

@@ -4,6 +4,7 @@ and durability of an acknowledged COMMIT across kill -9."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 import uuid
@@ -12,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.pgwire import wire_client as wc
 from tests.e2e.server_process import SERVING_ON_POSTGRES, HeadraceProcess, select_after_cold_start
 
 pytestmark = pytest.mark.e2e
@@ -227,6 +229,31 @@ def test_rollback_undoes_a_blocks_tables_and_savepoints_its_writes(server: Headr
                 break
             assert time.monotonic() < deadline, "the abandoned block's table is still there"
             time.sleep(0.1)
+
+
+def test_a_completed_write_portal_cannot_run_again(server: HeadraceProcess) -> None:
+    """An Execute of a DML or DDL portal that already ran is PostgreSQL's 55000, not the write done twice; a
+    completed SELECT portal answers no more rows (SELECT 0), as in PostgreSQL."""
+    name = fresh("portal")
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int)")
+    with socket.create_connection(("127.0.0.1", server.pg_port), timeout=30) as raw:
+        def exchange(*messages: bytes) -> list[tuple[object, ...]]:
+            raw.sendall(b"".join(messages))
+            data = b""
+            while not data.endswith(b"Z\x00\x00\x00\x05I") and not data.endswith(b"Z\x00\x00\x00\x05E"):
+                data += raw.recv(65536)
+            return wc.decode_backend(data)
+        exchange(wc.startup({"user": "headrace", "database": "headrace"}))
+        replies = exchange(wc.parse("", f"INSERT INTO {name} VALUES (1)"), wc.bind("", ""), wc.execute(""),
+                           wc.execute(""), wc.sync())
+        assert wc.kinds(replies) == ["1", "2", "C", "E", "Z"]
+        assert replies[3][1]["C"] == "55000" and replies[3][1]["M"] == 'portal "" cannot be run'
+        replies = exchange(wc.parse("", "SELECT 1"), wc.bind("", ""), wc.execute(""), wc.execute(""), wc.sync())
+        assert [r for r in replies if r[0] == "C"] == [("C", "SELECT 1"), ("C", "SELECT 0")]
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        # never twice (PostgreSQL also rolls the first back with the extended protocol's implicit transaction)
+        assert select_after_cold_start(conn, f"SELECT count(*) FROM {name}")[0][0] < 2
 
 
 def test_copy_from_text_and_csv_bad_data_and_copy_fail(server: HeadraceProcess) -> None:

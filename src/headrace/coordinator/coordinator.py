@@ -425,6 +425,10 @@ class Coordinator:
             return await continue_stream(portal, cancel)
         if portal.pending_rows is not None:
             return next_rows(portal, max_rows)
+        if portal.finished and portal.stream is None and portal.scroll_rows is None:
+            # a DML or DDL portal that ran: running it again would do it twice (PostgreSQL: 55000)
+            name = next((name for name, held in session.portals.items() if held is portal), "")
+            raise HeadraceError(f'portal "{name}" cannot be run', sqlstate="55000")
         stream = stream and max_rows == 0
         statement = portal.statement
         ast = statement.ast

@@ -590,3 +590,19 @@ async def _a_block_reads_its_own_writes(tables: Tables, store: PostgresServingSt
             await tables.statement_with_own_writes(block, parse_statement(sql), sql)
         assert caught.value.sqlstate == "25000"
     assert await tables.statement_with_own_writes(block, parse_statement("SELECT 1"), "SELECT 1") is None
+
+
+def test_a_read_waiting_for_a_table_dropped_meanwhile_ends(store: PostgresServingStore, tmp_path: Path) -> None:
+    drive(store, tmp_path, _a_read_waiting_for_a_dropped_table)
+
+
+async def _a_read_waiting_for_a_dropped_table(tables: Tables) -> None:
+    """A read waits for the pipeline to apply a table's acknowledged writes; a DROP TABLE meanwhile ends the
+    wait (the read then finds no such relation), never an internal error when the wait times out."""
+    await run(tables, "CREATE TABLE waited (id int PRIMARY KEY)")
+    await run(tables, "INSERT INTO waited VALUES (1)")  # acknowledged, never applied: no pipeline runs here
+    waiting = asyncio.create_task(tables.wait_visible("SELECT * FROM waited", timeout_s=30))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    await run(tables, "DROP TABLE waited")
+    await asyncio.wait_for(waiting, 5)

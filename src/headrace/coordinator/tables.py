@@ -517,6 +517,11 @@ class Tables:
             return self._applied.get(table_id, 0) >= end and views <= self._included.get(table_id, frozenset())
 
         while True:
+            for dropped in [t for t in targets if t not in self._logs]:  # dropped meanwhile: nothing to wait for
+                del targets[dropped]                                   # (the read then finds no such relation)
+                by_materialization = {m: t for m, t in by_materialization.items() if t != dropped}
+            if not targets:
+                return time.monotonic() - started
             found = await self._run(applied_checkpoints, self.store, list(by_materialization))
             if any(end > self._applied.get(by_materialization[m], 0) for m, (end, _) in found.items()):
                 # The driver counts a commit (note_committed) just after it becomes visible: this poll may

@@ -42,10 +42,14 @@ export function editorPage(root) {
         columns: (columns) => current?.setColumns(columns),
         row: (values) => current?.add(values),
         complete: (tag) => { (current || new ResultBlock(results, false)).complete(tag); current = null; },
-        error: (error) => { current?.flush(); results.append(errorBox(error)); current = null; },
+        error: (error) => {
+          current?.flush();
+          current = null;
+          if (socket === session) results.append(errorBox(error)); // else: cancelled, the socket closed on purpose
+        },
         notice: (notice) => results.append(h("p", { class: "notice" }, `${notice.severity}: ${notice.message}`)),
       });
-      replace(status, `done in ${((performance.now() - started) / 1000).toFixed(2)} s`);
+      if (socket === session) replace(status, `done in ${((performance.now() - started) / 1000).toFixed(2)} s`);
     } catch (error) {
       results.append(errorBox(error));
       replace(status, "");
@@ -129,11 +133,12 @@ class ResultBlock {
       return;
     }
     for (const values of this.pending.splice(0)) this.body.append(h("tr", {}, values.map((value) => h("td", {}, cellText(value)))));
-    this.caption.textContent = `${this.count} rows${this.count > MAX_SHOWN_ROWS ? ` (first ${MAX_SHOWN_ROWS} shown)` : ""}…`;
+    if (!this.done) this.caption.textContent = `${this.count} rows${this.count > MAX_SHOWN_ROWS ? ` (first ${MAX_SHOWN_ROWS} shown)` : ""}…`;
   }
 
   complete(tag) {
     this.flush();
+    this.done = true;
     this.caption.textContent = this.count > MAX_SHOWN_ROWS ? `${tag} (first ${MAX_SHOWN_ROWS} rows shown)` : tag;
     this.caption.setAttribute("data-tag", tag);
     if (!this.columns.length) this.node.querySelector("table").remove();

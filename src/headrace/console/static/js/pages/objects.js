@@ -74,7 +74,13 @@ function normalizeObject(row) {
 }
 
 function normalizeEdge(row) {
-  return { object: row.object ?? row.name ?? row.object_name, reads: row.reads ?? row.depends_on ?? row.dependency };
+  return { object: unqualified(row.object ?? row.name ?? row.object_name),
+    reads: unqualified(row.reads ?? row.depends_on ?? row.dependency) };
+}
+
+// Objects live in schema public: "public.v" and "v" name the same one.
+function unqualified(name) {
+  return typeof name === "string" && name.startsWith("public.") ? name.slice("public.".length) : name;
 }
 
 // What SHOW and pg_catalog say, on a server without headrace_internal.objects.
@@ -96,5 +102,5 @@ async function fromShow(sql) {
 
 // Without the dependency relation: what SHOW says (a sink's relation, an index's relation).
 function fallbackEdges(objects) {
-  return objects.filter((object) => object.reads).map((object) => ({ object: object.name, reads: object.reads }));
+  return objects.filter((object) => object.reads).map((object) => ({ object: object.name, reads: unqualified(object.reads) }));
 }

@@ -174,7 +174,8 @@ def test_a_failing_sink_shows_its_error(server: HeadraceProcess, browser: WebDri
     row = '[data-sink="totals_out"]'
     wait_until(browser, lambda d: "404" in text_of(d, f"{row} [data-error]"), timeout=90,
                message=lambda: text_of(browser, "#sink-materializations"))
-    assert text_of(browser, f"{row} [data-state]") == "retrying"
+    # sink_status says retrying; headrace_internal.materializations, where the server has it, failed (and retried)
+    assert text_of(browser, f"{row} [data-state]") in ("retrying", "failed")
     assert "unknown webhook source" in text_of(browser, f"{row} [data-error]")
     source = f'[data-materialization="public.{SOURCE}"]'
     wait_until(browser, lambda d: text_of(d, f"{source} [data-state]") == "running")

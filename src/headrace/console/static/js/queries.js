@@ -26,9 +26,10 @@ export const OBJECT_LISTS = {
     "ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') ORDER BY 1",
 };
 
-// Every object with its SQL and what it reads (the object relations), when the server has them.
-export const OBJECTS = ["SELECT * FROM headrace_internal.objects ORDER BY 1, 2"];
-export const DEPENDENCIES = ["SELECT * FROM headrace_internal.object_dependencies"];
+// Every object with its SQL and what it reads, when the server has these relations (else SHOW, above).
+export const OBJECTS = ["SELECT schema, name, kind, owner, definition FROM headrace_internal.objects ORDER BY kind, schema, name"];
+export const DEPENDENCIES = ["SELECT schema, name, kind, referenced_schema, referenced_name, referenced_kind " +
+  "FROM headrace_internal.object_dependencies"];
 
 export function viewDefinition(name) {
   return `SHOW CREATE MATERIALIZED VIEW ${quoteIdent(name)}`;
@@ -51,7 +52,11 @@ export const SOURCE_STATUS = "SELECT * FROM headrace_internal.source_status ORDE
 export const SINK_STATUS = "SELECT * FROM headrace_internal.sink_status ORDER BY schema, name";
 export const VIEW_ERRORS = "SELECT view_schema, view_name, count(*) AS errors, min(since) AS since, " +
   "min(sqlstate || ': ' || message) AS example FROM headrace_internal.view_errors GROUP BY 1, 2 ORDER BY 1, 2";
-// One row per materialization (source, view, sink) with state, lag, freshness and last error, when the server has it.
-export const MATERIALIZATIONS = ["SELECT * FROM headrace_internal.materialization_status ORDER BY 1"];
+// One row per materialization (source, table, view, sink): state, positions, lag, freshness, last error and retries,
+// when the server has it (else source_status and sink_status, above).
+export const MATERIALIZATIONS = ["SELECT materialization, kind, schema, name, transaction_of, state, transactions, " +
+  "failures, attempts, restarts, committed_position, log_position, lag_bytes, lag_transactions, lag_seconds, " +
+  "last_commit_at, freshness_seconds, last_error, last_error_at, next_retry_at FROM headrace_internal.materializations " +
+  "ORDER BY CASE kind WHEN 'source' THEN 0 WHEN 'table' THEN 1 WHEN 'view' THEN 2 ELSE 3 END, schema, name"];
 export const QUARANTINED = "SELECT source, count(*) AS records, max(quarantined_at) AS last FROM " +
   "headrace_internal.quarantined_records GROUP BY source ORDER BY source";

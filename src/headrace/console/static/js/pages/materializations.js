@@ -19,18 +19,29 @@ export function materializationsPage(root, sql) {
   const sources = h("div", { id: "source-materializations" });
   const views = h("div", { id: "view-materializations" });
   const sinks = h("div", { id: "sink-materializations" });
-  replace(root, h("h1", {}, "Materializations"), pipeline, unified, h("h2", {}, "Sources and tables"), sources,
-    h("h2", {}, "Materialized views"), views, h("h2", {}, "Sinks"), sinks);
+  replace(root, h("h1", {}, "Materializations"), pipeline, unified, sources, views, sinks);
 
   async function refresh() {
     const [process, all, sourceRows, sinkRows, viewErrors, quarantined] = await Promise.all([
       sql.query(PIPELINE), firstAvailable(sql, MATERIALIZATIONS), sql.query(SOURCE_STATUS), sql.query(SINK_STATUS),
       sql.query(VIEW_ERRORS), sql.query(QUARANTINED)]);
     renderPipeline(process);
-    if (all.missing) replace(unified);
-    else replace(unified, h("h2", {}, "All"), genericTable(all.rows));
     const setAside = new Map((quarantined.rows || []).map((row) => [row.source, row]));
-    replace(sources, sourceRows.error ? unavailable("headrace_internal.source_status", sourceRows.error) : table([
+    renderViewErrors(viewErrors);
+    if (!all.missing) {
+      replace(unified, all.error ? unavailable("headrace_internal.materializations", all.error)
+        : materializationTable(all.rows, setAside));
+      replace(sources);
+      replace(sinks);
+      return;
+    }
+    replace(unified);
+    renderSources(sourceRows, setAside);
+    renderSinks(sinkRows);
+  }
+
+  function renderSources(sourceRows, setAside) {
+    replace(sources, h("h2", {}, "Sources and tables"), sourceRows.error ? unavailable("headrace_internal.source_status", sourceRows.error) : table([
       { label: "source", cell: (row) => row.source },
       { label: "state", cell: (row) => h("span", {}, badge(row.state), progressOf(row)) },
       { label: "last commit", cell: (row) => ago(row.last_batch_at) },
@@ -41,16 +52,22 @@ export function materializationsPage(root, sql) {
       { label: "last error", class: "error-cell", cell: (row) => lastError(row) },
     ], sourceRows.rows, { empty: "No source or table is materialized yet.",
       rowAttrs: (row) => ({ "data-materialization": row.source, "data-state": row.state }) }));
-    replace(views, viewErrors.error ? unavailable("headrace_internal.view_errors", viewErrors.error) : h("div", {},
+  }
+
+  function renderViewErrors(viewErrors) {
+    replace(views, h("h2", {}, "Rows views cannot compute"), viewErrors.error ? unavailable("headrace_internal.view_errors", viewErrors.error) : h("div", {},
       h("p", { class: "muted" }, "A materialized view is maintained in the transactions of the source or table it reads: " +
-        "its freshness is that source's. Rows a view cannot compute are listed here."),
+        "its freshness is that source's. Input rows a view cannot compute (and leaves out) are listed here."),
       table([
         { label: "view", cell: (row) => `${row.view_schema}.${row.view_name}` },
         { label: "rows in error", class: "num", cell: (row) => number(row.errors) },
         { label: "since", cell: (row) => ago(row.since) },
         { label: "first error", class: "error-cell", cell: (row) => row.example },
       ], viewErrors.rows, { empty: "No view holds an error." })));
-    replace(sinks, sinkRows.error ? unavailable("headrace_internal.sink_status", sinkRows.error) : table([
+  }
+
+  function renderSinks(sinkRows) {
+    replace(sinks, h("h2", {}, "Sinks"), sinkRows.error ? unavailable("headrace_internal.sink_status", sinkRows.error) : table([
       { label: "sink", cell: (row) => row.name },
       { label: "from", cell: (row) => row.relation },
       { label: "driver", cell: (row) => row.driver },
@@ -92,9 +109,43 @@ export function progressOf(row) {
     row.progress_total ? ` (${number(row.progress_done)} of ${number(row.progress_total)})` : "");
 }
 
-// Every column of a relation this console version does not know in detail: state as a badge, progress as a bar.
-function genericTable(rows) {
-  const columns = Object.keys(rows[0] || {});
-  return table(columns.map((name) => ({ label: name, cell: (row) => name === "state"
-    ? h("span", {}, badge(row.state), progressOf(row)) : row[name] ?? "" })), rows);
+// headrace_internal.materializations: every source, table, view and sink in one table.
+function materializationTable(rows, setAside) {
+  return table([
+    { label: "materialization", cell: (row) => h("span", {}, `${row.schema}.${row.name}`, h("span", { class: "muted" }, ` ${row.kind}`)) },
+    { label: "state", cell: (row) => h("span", {}, badge(row.state), catchUp(row)) },
+    { label: "last commit", cell: (row) => ago(row.last_commit_at) },
+    { label: "lag", class: "num", cell: (row) => lagText(row) },
+    { label: "transactions", class: "num", cell: (row) => number(row.transactions) },
+    { label: "freshness and lag, last hour", cell: (row) => chart(record(`${row.kind}:${row.schema}.${row.name}`,
+      { freshness: numberOrNull(row.freshness_seconds), lag: numberOrNull(row.lag_seconds) }), [FRESHNESS, LAG]) },
+    { label: "last error", class: "error-cell", cell: (row) => h("span", {}, lastError(row), retries(row),
+      setAside.get(`${row.schema}.${row.name}`) ? h("div", { class: "muted" },
+        `${number(setAside.get(`${row.schema}.${row.name}`).records)} records quarantined`) : null) },
+  ], rows, { empty: "Nothing is materialized yet.", rowAttrs: (row) => ({
+    "data-materialization": `${row.schema}.${row.name}`, "data-kind": row.kind, "data-state": row.state,
+    "data-sink": row.kind === "sink" ? row.name : null }) });
+}
+
+function numberOrNull(value) {
+  return value === null || value === undefined ? null : Number(value);
+}
+
+function lagText(row) {
+  const pending = row.kind === "sink" ? `${number(row.lag_transactions)} txn` : `${number(row.lag_bytes)} B of log`;
+  return `${pending}, ${seconds(numberOrNull(row.lag_seconds))}`;
+}
+
+function retries(row) {
+  if (!row.next_retry_at && !Number(row.attempts)) return null;
+  return h("div", { class: "muted", "data-retry": "" }, `attempt ${number(row.attempts)}`,
+    row.next_retry_at ? `, next retry at ${row.next_retry_at}` : "");
+}
+
+// A source's, table's or view's progress through its log (a backfill, or catching up after a burst): the committed
+// log position of the log's end, while it lags.
+function catchUp(row) {
+  const end = Number(row.log_position);
+  if (row.kind === "sink" || !Number(row.lag_bytes) || !(end > 0)) return null;
+  return progressOf({ progress: Number(row.committed_position ?? 0) / end });
 }

@@ -32,7 +32,7 @@ export function objectsPage(root, sql) {
         table([
           { label: "name", cell: (row) => h("a", { href: "#", class: "object-link", "data-object": row.name,
             onclick: (event) => { event.preventDefault(); selected = row; showDetail(row, state, readsOf, readBy); } }, row.name) },
-          { label: "type", cell: (row) => row.type ?? "" },
+          { label: "type", cell: (row) => row.type ?? "" }, // SHOW's type, or the owner
           { label: "reads", cell: (row) => readsOf(row).join(", ") },
           { label: "read by", cell: (row) => readBy(row).join(", ") },
         ], rows));
@@ -54,7 +54,8 @@ export function objectsPage(root, sql) {
       definition = shown.error ? null : shown.rows[0]?.create_sql;
     }
     parts.push(h("h3", {}, "SQL"), definition ? h("pre", { class: "sql" }, definition)
-      : unavailable(`the CREATE statement of a ${object.kind}`, null));
+      : object.withheld ? h("p", { class: "muted" }, `not shown: a ${object.kind}'s statement may hold a credential`)
+        : unavailable(`the CREATE statement of a ${object.kind}`, null));
     if (["source", "table", "materialized view"].includes(object.kind)) {
       const columns = await sql.query(columnsOf(object.name));
       parts.push(h("h3", {}, "Columns"), columns.error ? errorBox(columns.error)
@@ -68,14 +69,16 @@ export function objectsPage(root, sql) {
   return { refresh, interval: 10000 };
 }
 
+// A row of headrace_internal.objects. `definition` is NULL for sinks, connections and secrets (their statements may
+// hold a credential).
 function normalizeObject(row) {
-  return { name: row.name, kind: row.kind ?? row.type, type: row.type ?? row.kind, sql: row.create_sql ?? row.sql ?? null,
-    schema: row.schema };
+  return { name: row.name, kind: row.kind, type: row.owner ? `owner ${row.owner}` : "", sql: row.definition,
+    schema: row.schema, withheld: ["sink", "connection", "secret"].includes(row.kind) };
 }
 
+// A row of headrace_internal.object_dependencies: the object, and an object it reads.
 function normalizeEdge(row) {
-  return { object: unqualified(row.object ?? row.name ?? row.object_name),
-    reads: unqualified(row.reads ?? row.depends_on ?? row.dependency) };
+  return { object: unqualified(row.name), reads: unqualified(row.referenced_name) };
 }
 
 // Objects live in schema public: "public.v" and "v" name the same one.

@@ -362,12 +362,17 @@ def console_cost(server: HeadraceProcess, args: argparse.Namespace, workdir: Pat
     """Throughput without and with a console tab open, alternating; the medians and their ratio."""
     from tests.console.browser import Browser
 
+    assert server.process is not None
     without: list[float] = []
     with_console: list[float] = []
+    cpu_without: list[float] = []  # the server's CPU per request, microseconds
+    cpu_with: list[float] = []
     browser_cpu = 0.0
     for _ in range(args.console_rounds):
-        rate, _note, _total = run_wrk(server.webhook_url("load"), args.seconds, args.connections, workdir)
+        server_cpu = CpuMeter([server.process.pid])
+        rate, _note, total = run_wrk(server.webhook_url("load"), args.seconds, args.connections, workdir)
         without.append(rate)
+        cpu_without.append(server_cpu.seconds() / max(1, total) * 1e6)
         catch_up_seconds(server)
         browser = Browser(workdir)
         try:
@@ -376,18 +381,25 @@ def console_cost(server: HeadraceProcess, args: argparse.Namespace, workdir: Pat
                      message="the console's page")
             time.sleep(3)  # a refresh or two before the load starts
             chromium = CpuMeter([pid for pid in _descendants(browser.driver.service.process.pid)])
-            rate, _note, _total = run_wrk(server.webhook_url("load"), args.seconds, args.connections, workdir)
+            server_cpu = CpuMeter([server.process.pid])
+            rate, _note, total = run_wrk(server.webhook_url("load"), args.seconds, args.connections, workdir)
+            cpu_with.append(server_cpu.seconds() / max(1, total) * 1e6)
             browser_cpu += chromium.seconds()
             refreshed = browser.driver.find_element("css selector", '[data-figure="received"] dd').text
         finally:
             browser.quit()
         with_console.append(rate)
-        print(f"  console round: without {without[-1]:,.0f} req/s, with {rate:,.0f} req/s "
-              f"(the tab showed {refreshed} received)", flush=True)
+        print(f"  console round: without {without[-1]:,.0f} req/s ({cpu_without[-1]:.0f} us server CPU/request), "
+              f"with {rate:,.0f} req/s ({cpu_with[-1]:.0f} us) (the tab showed {refreshed} received)", flush=True)
         catch_up_seconds(server)
-    median_without, median_with = sorted(without)[len(without) // 2], sorted(with_console)[len(with_console) // 2]
-    return (f"without console {median_without:,.0f} req/s, with a console tab refreshing {median_with:,.0f} req/s "
-            f"(medians of {args.console_rounds}): {median_with / median_without:.3f} (target >= 0.95); Chromium used "
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    return (f"without console {median(without):,.0f} req/s, with a console tab refreshing {median(with_console):,.0f} "
+            f"req/s (medians of {args.console_rounds}): {median(with_console) / median(without):.3f} (target >= 0.95); "
+            f"server CPU per request {median(cpu_without):.0f} us without, {median(cpu_with):.0f} us with "
+            f"({median(cpu_with) / median(cpu_without):.3f}); Chromium used "
             f"{browser_cpu / (args.console_rounds * args.seconds):.2f} cores during the runs with it")
 
 

@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
@@ -27,9 +28,14 @@ SOURCE = "orders"
 VIEW = "order_totals"
 
 
+# The bootstrap superuser is trusted on loopback (the tests' SQL); every other role must give its password, which the
+# console then asks for.
+AUTH_RULES = "headrace@loopback=trust,all=scram-sha-256"
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadraceProcess]:
-    process = HeadraceProcess(Path(tmp_path_factory.mktemp("console")) / "data")
+    process = HeadraceProcess(Path(tmp_path_factory.mktemp("console")) / "data", ("--auth", AUTH_RULES))
     process.start()
     yield process
     process.stop()
@@ -199,3 +205,27 @@ def test_objects_with_their_sql_and_dependencies(server: HeadraceProcess, browse
     browser.get(webhooks)
     wait_until(browser, lambda d: SOURCE in text_of(d, "main table"))
     screenshots(browser, "webhooks")
+
+
+def test_a_role_with_a_password_signs_in(server: HeadraceProcess, browser: WebDriver,
+                                         screenshots: Callable[[WebDriver, str], Path]) -> None:
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute("CREATE ROLE watcher LOGIN PASSWORD 'watch-it'")
+    browser.get(console(server, "webhooks"))
+    browser.execute_script("sessionStorage.setItem('headrace.console.credentials', JSON.stringify({user: 'watcher'}))")
+    browser.refresh()
+    wait_until(browser, lambda d: d.find_elements(By.ID, "signin-password"), message=lambda: text_of(browser, "main"))
+    assert "28P01" in text_of(browser, "main") and 'password authentication failed for user "watcher"' in text_of(browser, "main")
+    screenshots(browser, "sign-in")
+    for password, expected in (("wrong", "28P01"), ("watch-it", None)):
+        field = browser.find_element(By.ID, "signin-password")
+        field.clear()
+        field.send_keys(password)
+        browser.execute_script("document.querySelector('form.signin').dataset.tried = 'yes'")
+        browser.find_element(By.CSS_SELECTOR, "form.signin button").click()
+        if expected:  # the form again (a new one), with the error
+            wait_until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "form.signin:not([data-tried])")
+                       and expected in text_of(d, "main"), message=lambda: text_of(browser, "main"))
+    # Signed in: the page reads the system relations as watcher (readable by every role).
+    wait_until(browser, lambda d: SOURCE in text_of(d, "main table"), message=lambda: text_of(browser, "main"))
+    assert text_of(browser, "#who") == "as watcher"

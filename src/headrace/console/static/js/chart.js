@@ -42,6 +42,7 @@ export function chart(series, fields, { width = 280, height = 64 } = {}) {
   const lines = fields.map((field) => {
     const points = series.filter((sample) => Number.isFinite(sample[field.key]))
       .map((sample) => `${x(sample.t).toFixed(1)},${y(sample[field.key]).toFixed(1)}`);
+    if (points.length === 1) points.unshift(`${(Number(points[0].split(",")[0]) - 3).toFixed(1)},${points[0].split(",")[1]}`);
     return points.length ? h("polyline", { class: `line ${field.class}`, points: points.join(" "), fill: "none" }) : null;
   });
   const latest = series[series.length - 1] || {};

@@ -19,7 +19,7 @@ export function objectsPage(root, sql) {
     const [catalog, dependencies] = await Promise.all([firstAvailable(sql, OBJECTS), firstAvailable(sql, DEPENDENCIES)]);
     const objects = catalog.missing ? await fromShow(sql) : catalog.rows.map(normalizeObject);
     const edges = dependencies.missing ? fallbackEdges(objects) : dependencies.rows.map(normalizeEdge);
-    return { objects, edges, dependenciesKnown: !dependencies.missing, dependencyError: dependencies.error };
+    return { objects, edges, dependenciesKnown: !dependencies.missing, fromShow: !!catalog.missing };
   }
 
   async function refresh() {
@@ -32,7 +32,7 @@ export function objectsPage(root, sql) {
         table([
           { label: "name", cell: (row) => h("a", { href: "#", class: "object-link", "data-object": row.name,
             onclick: (event) => { event.preventDefault(); selected = row; showDetail(row, state, readsOf, readBy); } }, row.name) },
-          { label: "type", cell: (row) => row.type ?? "" }, // SHOW's type, or the owner
+          { label: state.fromShow ? "type" : "owner", cell: (row) => row.type ?? "" },
           { label: "reads", cell: (row) => readsOf(row).join(", ") },
           { label: "read by", cell: (row) => readBy(row).join(", ") },
         ], rows));
@@ -72,7 +72,7 @@ export function objectsPage(root, sql) {
 // A row of headrace_internal.objects. `definition` is NULL for sinks, connections and secrets (their statements may
 // hold a credential).
 function normalizeObject(row) {
-  return { name: row.name, kind: row.kind, type: row.owner ? `owner ${row.owner}` : "", sql: row.definition,
+  return { name: row.name, kind: row.kind, type: row.owner ?? "", sql: row.definition,
     schema: row.schema, withheld: ["sink", "connection", "secret"].includes(row.kind) };
 }
 

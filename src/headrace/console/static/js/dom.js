@@ -54,6 +54,14 @@ export function number(value) {
   return Number.isFinite(parsed) ? parsed.toLocaleString("en-US") : String(value);
 }
 
+export function bytes(value) {
+  const parsed = Number(value);
+  if (value === null || value === undefined || !Number.isFinite(parsed)) return "–";
+  if (parsed < 1024) return `${parsed} B`;
+  if (parsed < 1 << 20) return `${(parsed / 1024).toFixed(1)} KiB`;
+  return `${(parsed / (1 << 20)).toFixed(1)} MiB`;
+}
+
 export function seconds(value) {
   if (value === null || value === undefined || !Number.isFinite(value)) return "–";
   if (value < 1) return `${Math.round(value * 1000)} ms`;

@@ -2,7 +2,7 @@
 // state, freshness and lag over the last hour as a small chart (sampled by this page), last error, and progress
 // where a relation reports it (a backfill, a sink's snapshot).
 
-import { h, replace, table, badge, number, seconds, parseTimestamp, ago, unavailable } from "../dom.js";
+import { h, replace, table, badge, number, bytes, seconds, parseTimestamp, ago, unavailable } from "../dom.js";
 import { PIPELINE, SOURCE_STATUS, SINK_STATUS, VIEW_ERRORS, MATERIALIZATIONS, QUARANTINED, firstAvailable } from "../queries.js";
 import { chart, record } from "../chart.js";
 
@@ -132,7 +132,7 @@ function numberOrNull(value) {
 }
 
 function lagText(row) {
-  const pending = row.kind === "sink" ? `${number(row.lag_transactions)} txn` : `${number(row.lag_bytes)} B of log`;
+  const pending = row.kind === "sink" ? `${number(row.lag_transactions)} txn` : `${bytes(row.lag_bytes)} of log`;
   return `${pending}, ${seconds(numberOrNull(row.lag_seconds))}`;
 }
 

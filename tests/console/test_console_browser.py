@@ -158,7 +158,7 @@ def test_subscribe_is_a_live_table(server: HeadraceProcess, browser: WebDriver,
     results = run_sql_in_editor(browser, server, f"SUBSCRIBE TO {VIEW}")
     rows = lambda: sorted(text.replace("\t", " ") for text in texts_of(browser, 'table[data-live="true"] tr.live-row'))  # noqa: E731
     # The snapshot, once the pipeline has materialized the view: c1 (1 order of 1200), c2 (700), c3 (99).
-    wait_until(browser, lambda d: len(rows()) == 3, timeout=180, message=lambda: results.text)
+    wait_until(browser, lambda d: len(rows()) == 3, timeout=300, message=lambda: results.text)
     assert rows() == ["1 c1 1 1200", "1 c2 1 700", "1 c3 1 99"]
     assert post(server, json.dumps({"customer": "c1", "amount": 300}).encode(), "evt-4") == 200
     wait_until(browser, lambda d: "1 c1 2 1500" in rows(), timeout=120, message=lambda: str(rows()))

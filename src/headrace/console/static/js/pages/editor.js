@@ -30,8 +30,7 @@ export function editorPage(root) {
     replace(results);
     socket = socket || new SqlSocket();
     const session = socket;
-    running = true;
-    run.disabled = true;
+    running = true; // Run stays enabled: running again cancels this statement first (a SUBSCRIBE runs until then)
     cancel.disabled = false;
     replace(status, "running…");
     const started = performance.now();
@@ -55,7 +54,7 @@ export function editorPage(root) {
       replace(status, "");
     } finally {
       current?.flush();
-      if (socket === session) { running = false; run.disabled = false; cancel.disabled = true; }
+      if (socket === session) { running = false; cancel.disabled = true; }
     }
   }
 
@@ -64,7 +63,6 @@ export function editorPage(root) {
     socket?.close();
     socket = null;
     running = false;
-    run.disabled = false;
     cancel.disabled = true;
     replace(status, "cancelled");
   }

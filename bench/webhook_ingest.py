@@ -26,6 +26,12 @@ headrace the server process and, apart, its pipeline processes), the data disk's
 during each throughput run (FsyncProbe: with 32 clients a durable receiver's throughput is bounded by
 it, and other work on the machine can multiply it), and the load average before and after (how far to
 trust the figures).
+
+--console: the web console's cost to ingest (issue 18). After the figures above, throughput runs alternate
+without and with a console tab open in headless Chromium (tests/console/browser.py) on the `load` source's page,
+which refreshes every 3 s (its counters and last requests, over the SQL API's WebSocket) while wrk runs;
+`--console-rounds` pairs, the medians compared. Chromium runs on the same two cores as wrk and the server, so its
+own CPU (printed) is counted against ingest too, which a browser on another machine would not be.
 """
 
 from __future__ import annotations
@@ -352,6 +358,69 @@ def freshness(server: HeadraceProcess, samples: int) -> str:
     return f"p50 {percentile(lags, 0.5) * 1000:.0f} ms, p99 {percentile(lags, 0.99) * 1000:.0f} ms"
 
 
+def console_cost(server: HeadraceProcess, args: argparse.Namespace, workdir: Path) -> str:
+    """Throughput without and with a console tab open, alternating; the medians and their ratio."""
+    from tests.console.browser import Browser
+
+    assert server.process is not None
+    without: list[float] = []
+    with_console: list[float] = []
+    cpu_without: list[float] = []  # the server's CPU per request, microseconds
+    cpu_with: list[float] = []
+    browser_cpu = 0.0
+    for _ in range(args.console_rounds):
+        server_cpu = CpuMeter([server.process.pid])
+        rate, _note, total = run_wrk(server.webhook_url("load"), args.seconds, args.connections, workdir)
+        without.append(rate)
+        cpu_without.append(server_cpu.seconds() / max(1, total) * 1e6)
+        catch_up_seconds(server)
+        browser = Browser(workdir)
+        try:
+            browser.driver.get(f"http://127.0.0.1:{server.http_port}/#/webhooks/load")
+            wait_for(lambda: "received" in browser.driver.find_element("tag name", "main").text, 30,
+                     message="the console's page")
+            time.sleep(3)  # a refresh or two before the load starts
+            chromium = CpuMeter([pid for pid in _descendants(browser.driver.service.process.pid)])
+            server_cpu = CpuMeter([server.process.pid])
+            rate, _note, total = run_wrk(server.webhook_url("load"), args.seconds, args.connections, workdir)
+            cpu_with.append(server_cpu.seconds() / max(1, total) * 1e6)
+            browser_cpu += chromium.seconds()
+            refreshed = browser.driver.find_element("css selector", '[data-figure="received"] dd').text
+        finally:
+            browser.quit()
+        with_console.append(rate)
+        print(f"  console round: without {without[-1]:,.0f} req/s ({cpu_without[-1]:.0f} us server CPU/request), "
+              f"with {rate:,.0f} req/s ({cpu_with[-1]:.0f} us) (the tab showed {refreshed} received)", flush=True)
+        catch_up_seconds(server)
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    return (f"without console {median(without):,.0f} req/s, with a console tab refreshing {median(with_console):,.0f} "
+            f"req/s (medians of {args.console_rounds}): {median(with_console) / median(without):.3f} (target >= 0.95); "
+            f"server CPU per request {median(cpu_without):.0f} us without, {median(cpu_with):.0f} us with "
+            f"({median(cpu_with) / median(cpu_without):.3f}); Chromium used "
+            f"{browser_cpu / (args.console_rounds * args.seconds):.2f} cores during the runs with it")
+
+
+def _descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (chromedriver, Chromium and its renderers)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                parent = int(Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        found.append(current)
+        stack.extend(children.get(current, []))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=10)
@@ -363,6 +432,9 @@ def main() -> None:
     parser.add_argument("--pipeline-priority", help="an experiment: HEADRACE_PIPELINE_PRIORITY for the server (a "
                         "niceness, e.g. 10, instead of the default SCHED_IDLE) to see how much of the latency tail "
                         "the pipeline's CPU use causes")
+    parser.add_argument("--console", action="store_true", help="also measure throughput with the web console open "
+                        "in headless Chromium, refreshing, against without it (issue 18: within 5%%)")
+    parser.add_argument("--console-rounds", type=int, default=3, help="pairs of runs without and with the console")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install wrk")
@@ -408,6 +480,8 @@ def main() -> None:
             catch_up_seconds(server)
             print(f"  freshness (200 -> visible in SELECT, 10 req/s): {freshness(server, args.freshness_samples)}",
                   flush=True)
+            if args.console:
+                print(f"  console: {console_cost(server, args, workdir)}", flush=True)
         finally:
             server.stop()
 

@@ -27,6 +27,9 @@ fi
 if ! command -v redis-server >/dev/null 2>&1; then
   need_apt+=(redis-server)  # tests/materialize/drivers: the REDIS sink driver against a real server
 fi
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  need_apt+=(chromium chromium-driver)  # tests/console: the web console driven in headless Chromium (selenium)
+fi
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   need_apt+=(python3-venv)
 fi

@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> None:
         pg_limits_config = PgLimits(max_message_bytes=args.max_message_bytes, max_connections=args.max_connections,
                                     auth_timeout_s=args.auth_timeout, idle_session_timeout_s=args.idle_session_timeout)
 
+        from headrace.cli_progress import watch_startup
+
+        watch_startup(args.host, args.http_port)  # on a terminal: a progress bar until /health/ready says ready
         try:
             run(ServerConfig(data_dir=args.data_dir, host=args.host, pg_port=args.pg_port,
                              http_port=args.http_port, spark_master=spark_master,

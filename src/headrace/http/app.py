@@ -29,6 +29,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
+from headrace.console import add_console_routes
 from headrace.http.body import BodyTimeout, read_body, request_timeout
 from headrace.http.error_log import RequestErrorLogger
 from headrace.http.fast_ingest import HttpFront, start_front
@@ -79,6 +80,7 @@ def make_app(registry: IngestRegistry, *, ready: Callable[[], bool] | ServerStat
     app[_HEALTH] = health
     add_health_routes(app, health)
     add_sql_routes(app, http.allowed_origins, http.body_timeout_s)  # POST /api/sql, WebSocket /api/experimental/sql (http/sql_api.py)
+    add_console_routes(app)  # GET /: the web console, over the SQL API (console/, docs/console.md)
     return app
 
 

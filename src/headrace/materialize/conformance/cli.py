@@ -7,7 +7,8 @@ import json
 import logging
 import sys
 
-from headrace.materialize.conformance import run_conformance
+from headrace.cli_progress import scenario_bar
+from headrace.materialize.conformance import SCENARIOS, run_conformance
 from headrace.materialize.conformance.report import EXIT_USAGE, ScenarioResult
 from headrace.materialize.conformance.targets import UsageError, resolve_target
 
@@ -32,16 +33,17 @@ def driver_test_main(args: argparse.Namespace) -> int:
         print(f"headrace driver-test: cannot start {args.driver}: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    def progress(result: ScenarioResult) -> None:
-        if not args.json:
-            print(f"  {result.result:4}  {result.scenario} ({result.seconds:.1f} s)", file=sys.stderr, flush=True)
+    with scenario_bar(len(args.scenarios or SCENARIOS)) as finished:  # a progress bar on a terminal
+        def progress(result: ScenarioResult) -> None:
+            if not args.json:
+                finished(f"  {result.result:4}  {result.scenario} ({result.seconds:.1f} s)")
 
-    try:
-        report = run_conformance(target, args.scenarios, progress=progress)
-    except UsageError as exc:
-        print(f"headrace driver-test: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    finally:
-        target.close()
+        try:
+            report = run_conformance(target, args.scenarios, progress=progress)
+        except UsageError as exc:
+            print(f"headrace driver-test: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        finally:
+            target.close()
     print(report.to_json() if args.json else report.render())
     return report.exit_code

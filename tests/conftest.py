@@ -35,6 +35,8 @@ SLOW_FILES_SECONDS = {
     "tests/views_differential/test_view_expressions.py": 75, "tests/e2e/test_webhook_faults.py": 80,
     "tests/pipeline/test_views.py": 60, "tests/e2e/test_sinks.py": 75, "tests/e2e/test_tables_postgres_compat.py": 45,
     "tests/scaleout/test_spark_master.py": 60, "tests/pipeline/test_batch_loop.py": 150,
+    "tests/e2e/test_observability_failure.py": 240, "tests/console/test_console_browser.py": 170,
+    "tests/e2e/test_observability.py": 150,
 }
 
 

@@ -53,6 +53,7 @@ EVERY_MESSAGE: list[Message] = [
     Flushed(StateUpdate({"b": None}, merge_patch=False)),
     StartedCommit(None),
     ErrorResponse("materialization m fenced off by another runtime (fence 3)", fenced_off=True),
+    ErrorResponse("cannot connect to PostgreSQL at db:5432/x", sqlstate="08001"),
 ]
 
 

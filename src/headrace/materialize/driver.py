@@ -340,7 +340,8 @@ class _DriverSession:
         if self._materialization is not None:
             LEDGER.failed(self._materialization, message)
         logger.warning("materialization driver failed: %s", message)
-        await self._channel.send_error(ErrorResponse(message, fenced_off=isinstance(exc, FencedOff)))
+        sqlstate = exc.sqlstate if isinstance(exc, HeadraceError) and not exc.sqlstate.startswith("XX") else None
+        await self._channel.send_error(ErrorResponse(message, fenced_off=isinstance(exc, FencedOff), sqlstate=sqlstate))
 
     async def _shut_down(self) -> None:
         if self._acknowledging is not None and not self._acknowledging.done():

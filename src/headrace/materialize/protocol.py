@@ -343,6 +343,8 @@ class ErrorResponse:
     TYPE: ClassVar[str] = "Error"
     message: str
     fenced_off: bool = False
+    # the driver's SQLSTATE for an error a user caused or can fix (an unreachable target: 08001); None: internal
+    sqlstate: str | None = None
 
 
 Request: TypeAlias = (Spec | Validate | Apply | Open | Acknowledge | Load | LoadColumns | Flush | Store | StoreColumns
@@ -468,7 +470,10 @@ def to_wire(msg: Message) -> dict[str, Any]:
     if isinstance(msg, (Acknowledge, Flush)):
         return {"type": msg.TYPE}
     if isinstance(msg, ErrorResponse):
-        return {"type": "Error", "message": msg.message, "fenced_off": msg.fenced_off}
+        wire: dict[str, Any] = {"type": "Error", "message": msg.message, "fenced_off": msg.fenced_off}
+        if msg.sqlstate is not None:
+            wire["sqlstate"] = msg.sqlstate
+        return wire
     control = _control_to_wire(msg)
     if control is not None:
         return control
@@ -512,7 +517,9 @@ def from_wire(d: dict[str, Any]) -> Message:
         if kind == "Flush":
             return Flush()
         if kind == "Error":
-            return ErrorResponse(message=str(d["message"]), fenced_off=bool(d.get("fenced_off", False)))
+            sqlstate = d.get("sqlstate")
+            return ErrorResponse(message=str(d["message"]), fenced_off=bool(d.get("fenced_off", False)),
+                                 sqlstate=None if sqlstate is None else str(sqlstate))
         control = _control_from_wire(kind, d)
         if control is not None:
             return control

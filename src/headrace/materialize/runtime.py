@@ -134,7 +134,7 @@ def is_deletion(doc: Document) -> bool:
 
 
 def _driver_error(response: ErrorResponse) -> DriverError:
-    return (FencedOff if response.fenced_off else DriverError)(response.message)
+    return (FencedOff if response.fenced_off else DriverError)(response.message, sqlstate=response.sqlstate)
 
 
 class DriverConnection(Protocol):

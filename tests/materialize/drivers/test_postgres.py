@@ -215,13 +215,15 @@ def test_a_role_without_create_on_the_database_sinks_into_its_schema(host: Hoste
 
 
 def test_bad_config_is_refused_without_echoing_the_url(host: HostedDriver, dsn: str, schema: str) -> None:
-    for config, message in (({"url": dsn, "colour": "red"}, "unknown POSTGRES sink option"),
-                            ({"url": ""}, "needs a url"),
-                            ({"url": "postgresql://u:hunter2@127.0.0.1:1/db"}, "cannot connect to PostgreSQL")):
+    for config, message, sqlstate in (({"url": dsn, "colour": "red"}, "unknown POSTGRES sink option", "22023"),
+                                      ({"url": ""}, "needs a url", "22023"),
+                                      ({"url": "postgresql://u:hunter2@127.0.0.1:1/db"}, "cannot connect to PostgreSQL",
+                                       "08001")):
         runtime = host.runtime(MaterializationSpec("m", spec_of(schema, dsn).bindings, config=config))
         with pytest.raises(DriverError, match=message) as raised:
             runtime.apply()
         assert "hunter2" not in str(raised.value)
+        assert raised.value.sqlstate == sqlstate  # the driver's code reaches CREATE SINK's client, not XX000
         runtime.close()
 
 

@@ -115,7 +115,9 @@ def connect(config: dict[str, Any]) -> psycopg.Connection[Any]:
     try:
         conn = psycopg.connect(url, autocommit=False, **options)
     except psycopg.OperationalError as exc:  # libpq's message names host and port, never the password
-        raise ServiceUnavailable(f"cannot connect to PostgreSQL at {target}: {str(exc).strip()}") from None
+        # PostgreSQL's own code for a server it cannot reach (postgres_fdw, dblink): 08001
+        raise ServiceUnavailable(f"cannot connect to PostgreSQL at {target}: {str(exc).strip()}",
+                                 sqlstate="08001") from None
     conn.execute(_SESSION)
     conn.commit()
     return conn

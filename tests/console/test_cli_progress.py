@@ -75,8 +75,7 @@ def test_startup_bar_on_a_terminal_until_ready(health_server: ThreadingHTTPServe
         thread.join(timeout=10)
         assert not thread.is_alive()
         terminal.flush()
-    drawn = os.read(leader, 65536).decode(errors="replace")
-    os.close(leader)
+    drawn = _read_all(leader)
     assert "starting headrace" in drawn and "pipeline: starting" in drawn
 
 
@@ -96,6 +95,21 @@ def test_scenario_bar_on_a_terminal_prints_each_line() -> None:
             finished("  PASS  exactly_once (1.0 s)")
             finished("  FAIL  fencing (2.0 s)")
         terminal.flush()
-    drawn = os.read(leader, 65536).decode(errors="replace")
-    os.close(leader)
+    drawn = _read_all(leader)
     assert "PASS  exactly_once" in drawn and "FAIL  fencing" in drawn
+
+
+def _read_all(leader: int) -> str:
+    """Everything the terminal received: one read may return only part of it; with the follower closed, Linux
+    ends the leader's reads with EIO once it is drained."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")

@@ -149,6 +149,11 @@ def build_spark(master: str, data_dir: Path) -> Any:
         # Executors on other machines run this Python (default: the pipeline's own path, which must exist there).
         .config("spark.pyspark.python", os.environ.get("HEADRACE_EXECUTOR_PYTHON") or sys.executable)
         .config("spark.sql.warehouse.dir", str(data_dir / "pipeline" / "warehouse"))
+        # createDataFrame(pyarrow.Table) (the batch loop's rows, retractions, backfill chunks): Arrow batches that
+        # Spark's tasks convert in the JVM, as a streaming batch's rows handed over by getCache are, not a driver-side
+        # LocalRelation (below 48 MB by default), whose projection the optimizer evaluates row by row, uncompiled
+        # (ConvertToLocalRelation): measured 2-3x slower per batch, 5-8x for the first (docs/pipeline.md).
+        .config("spark.sql.execution.arrow.localRelationThreshold", "0")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")

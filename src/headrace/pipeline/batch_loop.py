@@ -298,8 +298,10 @@ class BatchLoop:
             # Read here, handed over as Arrow: every batch in local mode (Spark's tasks would decode in Python
             # workers, planned by a Python process per read: measured slower, docs/pipeline.md), and on a cluster
             # every batch of a source that keeps up.
-            batches = [batch for part in ranges for batch in entry.reader.read(part)]
-            entry.batches.commit_arrow(pa.Table.from_batches(batches, schema=entry.arrow_schema), batch_id, self.spark)
+            read_started = time.monotonic()
+            table = pa.Table.from_batches([batch for part in ranges for batch in entry.reader.read(part)],
+                                          schema=entry.arrow_schema)
+            entry.batches.commit_arrow(table, batch_id, self.spark, read_started)
         else:  # a cluster's backlog: its executors read the ranges in parallel, through the log read service
             frame = (self.spark.read.format(HeadraceLogSource.name()).options(**entry.log_options)
                      .option("ranges", format_ranges(ranges)).load())

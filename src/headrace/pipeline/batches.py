@@ -81,16 +81,17 @@ class SourceBatches:
                             self.source.materialization, batch_id)
         self._persisted(frame, batch_id, started)
 
-    def commit_arrow(self, table: pa.Table, batch_id: int, spark: Any) -> None:
+    def commit_arrow(self, table: pa.Table, batch_id: int, spark: Any, read_started: float | None = None) -> None:
         """The batch loop's entry (pipeline/batch_loop.py): a batch the pipeline read itself, as Arrow in log order.
 
         The rows become the source's net changes as they are; nothing needs Spark without views. With views, only
         the columns they read go to Spark (a DataFrame of Arrow batches, pipeline/process.py build_spark) and only
         their projection comes back (OneJobBatch.project), else the views' general path runs on a DataFrame of the
-        rows."""
+        rows. `read_started`: when the loop began reading the rows (the batch's log line counts it as its read)."""
         if batch_id <= self.committed_batch_id or table.num_rows == 0:
             return
-        started = time.monotonic()
+        read = time.monotonic()
+        started = read if read_started is None else read_started
         checkpoint = self._checkpoint(batch_id, table)
         refused = refused_records(self.source, table)
         if refused:
@@ -103,8 +104,8 @@ class SourceBatches:
             documents, columnar, errors = self._arrow_view_documents(spark, table, batch_id)
             if errors:  # the error states of rows a view cannot evaluate (pipeline/view_errors.py)
                 checkpoint[ERRORS_FIELD] = errors
-        self._commit(batch_id, table, documents, checkpoint, source_rows, (started, started, collected,
-                                                                           time.monotonic()), columnar)
+        self._commit(batch_id, table, documents, checkpoint, source_rows, (started, read, collected, time.monotonic()),
+                     columnar)
 
     def _arrow_view_documents(self, spark: Any, table: pa.Table, batch_id: int,
                               ) -> tuple[list[tuple[int, list[Any], dict[str, Any]]], list[ColumnarDocuments],

@@ -246,3 +246,25 @@ def test_records_the_store_refuses_are_quarantined_without_spark(tmp_path: Path,
         assert [(r["source"], r["log_offset"], r["sqlstate"]) for r in listed] == [("public.s0", offsets[1], "22P05")]
     finally:
         loop.stop()
+
+
+def test_a_row_a_view_cannot_evaluate_leaves_the_loop_batch_and_its_other_rows(spark: Any, tmp_path: Path,
+                                                                                 store: ServingStore,
+                                                                                 driver: DriverServer,
+                                                                                 logs: Logs) -> None:
+    """The view's one-job projection (OneJobBatch.project) fails on a bad cast: the batch takes the general path,
+    which leaves that row out of the view only (pipeline/view_errors.py); the source keeps every row."""
+    view = MaterializedView(id="v10", name="v10", input_schema="public", input_name="s0",
+                            create_sql="CREATE MATERIALIZED VIEW v10 AS SELECT body->>'g' AS g, "
+                                       "sum((body->>'v')::int) AS total FROM s0 GROUP BY body->>'g'")
+    logs.append("u0", [{"n": 0, "g": "a", "v": "1"}, {"n": 1, "g": "a", "v": "x"}, {"n": 2, "g": "b", "v": "5"}])
+    loop = BatchLoop(spark, tmp_path / "data", (driver.host, driver.port), tick_s=0.05)
+    try:
+        loop.reconcile([source(0)], [view])
+        wait_until(lambda: source_ids(store, 0) == [0, 1, 2], what="every row of the source")
+        wait_until(lambda: view_rows(store, view, source(0)) == [("a", 1), ("b", 5)], what="the view without the row")
+        logs.append("u0", [{"n": 3, "g": "b", "v": "2"}])
+        wait_until(lambda: view_rows(store, view, source(0)) == [("a", 1), ("b", 7)], what="the next batch")
+        assert loop.failures == {}
+    finally:
+        loop.stop()

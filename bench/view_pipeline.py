@@ -1,6 +1,10 @@
 """Events/s through a materialized view, and freshness of the view, on a real server.
 
     .venv/bin/python bench/view_pipeline.py [--events 1000000] [--groups 10000] [--rate 5000] [--seconds 30]
+                                            [--modes loop,streaming] [--rounds 1]
+
+Each mode (HEADRACE_PIPELINE_MODE: the batch loop, or a streaming query per source) runs on a fresh server, the
+modes one after the other, `--rounds` times; a table of every run ends the output (figures of one run compare).
 
 1. Throughput: a source (BODY FORMAT JSON) and a view over it with GROUP BY over `--groups` groups and 6
    aggregates (count, sum, min, max, avg, bool_or). The server is stopped, `--events` events are appended to
@@ -82,7 +86,8 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def throughput(process: HeadraceProcess, events: int, groups: int) -> tuple[float, float | None, float]:
+def throughput(process: HeadraceProcess, events: int, groups: int,
+               env: dict[str, str]) -> tuple[float, float | None, float]:
     """(events/s from the query's start, events/s after the first batch (None if one batch held all), events per
     CPU-second of the server's process group)."""
     with psycopg.connect(process.dsn, autocommit=True) as conn:
@@ -95,7 +100,7 @@ def throughput(process: HeadraceProcess, events: int, groups: int) -> tuple[floa
     print(f"prefilled {events:,} events into the log in {time.monotonic() - started:.1f} s", flush=True)
     pipeline_log = process.data_dir / "pipeline" / "pipeline.log"
     seen = pipeline_log.read_text(errors="replace").count("started events") if pipeline_log.exists() else 0
-    process.start()
+    process.start(env=env)
     wait_for(lambda: pipeline_log.read_text(errors="replace").count("started events") > seen, timeout=120,
              interval=0.05, message="the pipeline to start the source's query")
     query_started = time.monotonic()
@@ -168,21 +173,15 @@ async def freshness(process: HeadraceProcess, rate: int, seconds: float, groups:
     return latencies
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--groups", type=int, default=10_000)
-    parser.add_argument("--rate", type=int, default=5_000)
-    parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--pipeline-log", type=Path, help="copy the pipeline's log here (with HEADRACE_SLOW_BATCH_S=0 "
-                        "it holds every batch's phases)")
-    args = parser.parse_args()
-    print(f"load average before: {os.getloadavg()}", flush=True)
+def run(mode: str, args: argparse.Namespace) -> dict[str, float | None]:
+    """One run of both measures on a fresh server in `mode`."""
+    env = {"HEADRACE_PIPELINE_MODE": mode}
+    print(f"--- mode {mode}; load average before: {os.getloadavg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="headrace-view-bench-") as scratch:
         process = HeadraceProcess(Path(scratch) / "data")
-        process.start()
+        process.start(env=env)
         try:
-            rate, sustained, per_cpu = throughput(process, args.events, args.groups)
+            rate, sustained, per_cpu = throughput(process, args.events, args.groups, env)
             print(f"throughput: {rate:,.0f} events/s through a view of {args.groups:,} groups x 6 aggregates "
                   f"({args.events:,} events; target >= 50,000)", flush=True)
             print(f"  sustained after the first batch: "
@@ -199,10 +198,37 @@ def main() -> None:
             process.stop()
             if args.pipeline_log is not None:
                 source = process.data_dir / "pipeline" / "pipeline.log"
-                args.pipeline_log.write_text(source.read_text(errors="replace") if source.exists() else "")
+                target = args.pipeline_log.with_name(f"{args.pipeline_log.stem}-{mode}{args.pipeline_log.suffix}")
+                with target.open("a") as copy:
+                    copy.write(source.read_text(errors="replace") if source.exists() else "")
             slow = [line for line in process.pipeline_log().splitlines() if "took" in line or "backfilled" in line]
             print("\n".join(["pipeline's slow batches:", *slow[-8:]]), flush=True)
-            print(f"load average after: {os.getloadavg()}", flush=True)
+    load = os.getloadavg()[0]
+    print(f"load average after: {os.getloadavg()}", flush=True)
+    return {"events/s": rate, "sustained": sustained, "per CPU-s": per_cpu, "p50 ms": p50 * 1000,
+            "p99 ms": p99 * 1000, "load": load}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--groups", type=int, default=10_000)
+    parser.add_argument("--rate", type=int, default=5_000)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--modes", default="loop,streaming", help="HEADRACE_PIPELINE_MODE values, run in turn")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--pipeline-log", type=Path, help="append the pipeline's log of each mode to this path with "
+                        "the mode in its name (with HEADRACE_SLOW_BATCH_S=0 it holds every batch's phases)")
+    args = parser.parse_args()
+    results = [(round_, mode, run(mode, args)) for round_ in range(1, args.rounds + 1)
+               for mode in args.modes.split(",") if mode]
+    print("\n| round | mode | events/s | sustained | events per CPU-s | freshness p50 | p99 | load after |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for round_, mode, figures in results:
+        sustained = figures["sustained"]
+        print(f"| {round_} | {mode} | {figures['events/s']:,.0f} | "
+              f"{f'{sustained:,.0f}' if sustained is not None else 'n/a'} | {figures['per CPU-s']:,.0f} | "
+              f"{figures['p50 ms']:,.0f} ms | {figures['p99 ms']:,.0f} ms | {figures['load']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "1")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.localRelationThreshold", "0")  # as the pipeline's (process.build_spark)
         .config("spark.local.dir", str(scratch / "tmp"))
         .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
         .getOrCreate()

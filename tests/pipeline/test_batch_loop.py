@@ -1,11 +1,14 @@
 """BatchLoop (pipeline/batch_loop.py): every source in one loop, each committing exactly once through its own
 materialization, through Spark and the real serving driver. Sources come and go without stopping the others; a
 new loop (a restarted pipeline) resumes each source from the store's checkpoint; a commit the store refuses
-restarts only that source, from the store's checkpoint; a backlog is read by Spark tasks in parallel ranges."""
+restarts only that source, from the store's checkpoint; a backlog is one batch, read by the loop in local mode and by
+Spark tasks in parallel ranges through the log read service on a cluster."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +20,7 @@ from headrace.catalog.views import MaterializedView
 from headrace.log.segments import SegmentedLog
 from headrace.pipeline.batch_loop import BatchLoop
 from headrace.pipeline.log_source import MIN_RECORDS_PER_PARTITION
+from headrace.pipeline.process import LogService
 from headrace.sql.ddl import item_from_create_sql
 from headrace.sql.view_chain import stored_fields
 from headrace.pipeline.view_changes import compile_source_views
@@ -173,21 +177,50 @@ def test_a_failed_commit_restarts_only_that_source_from_the_store(tmp_path: Path
         loop.stop()
 
 
-def test_a_backlog_is_read_in_parallel_ranges(spark: Any, tmp_path: Path, store: ServingStore,
-                                              driver: DriverServer, logs: Logs) -> None:
+@pytest.fixture
+def log_service(tmp_path: Path) -> Iterator[LogService]:
+    """The server's log read service over the test's logs, on a loopback port (log/read_service.py)."""
+    from headrace.log.read_service import LogReadService, start_log_read_service
+
+    token = "t" * 43
+    loop = asyncio.new_event_loop()
+    started: dict[str, Any] = {}
+    ready = threading.Event()
+
+    async def main() -> None:
+        server = await start_log_read_service(LogReadService(tmp_path / "data" / "logs", token), "127.0.0.1", 0)
+        started.update(server=server, url=f"http://{server.address[0]}:{server.address[1]}")
+        ready.set()
+
+    thread = threading.Thread(target=lambda: (loop.run_until_complete(main()), loop.run_forever()), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    yield LogService(started["url"], token)
+    asyncio.run_coroutine_threadsafe(started["server"].close(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+@pytest.mark.parametrize("through_service", [False, True], ids=["local: read by the loop", "cluster: Spark tasks"])
+def test_a_backlog_is_read_whole(spark: Any, tmp_path: Path, store: ServingStore, driver: DriverServer, logs: Logs,
+                                 through_service: bool, request: pytest.FixtureRequest) -> None:
+    """A batch of several ranges: in local mode the loop reads it itself; on a cluster Spark's tasks read the ranges
+    in parallel through the log read service."""
     from headrace.pipeline.log_source import HeadraceLogSource
 
     spark.dataSource.register(HeadraceLogSource)  # as process.build_spark does
     total = 2 * MIN_RECORDS_PER_PARTITION + 1_000
     logs.append("u0", events(0, total))
     view = count_view(10, over=0)
-    loop = BatchLoop(spark, tmp_path / "data", (driver.host, driver.port), tick_s=0.05)
+    service = request.getfixturevalue("log_service") if through_service else None
+    loop = BatchLoop(spark, tmp_path / "data", (driver.host, driver.port), service, tick_s=0.05)
     try:
         loop.reconcile([source(0)], [view])
         wait_until(lambda: len(source_ids(store, 0)) == total, timeout=120, what="the backlog")
         assert source_ids(store, 0) == list(range(total))
         per_group = [(f"g{g}", len(range(g, total, 3))) for g in range(3)]
         wait_until(lambda: view_rows(store, view, source(0)) == per_group, what="the view over the backlog")
+        assert loop.entries["u0"].next_batch_id == 1  # one batch of several ranges, not one per range
     finally:
         loop.stop()
 
@@ -211,5 +244,27 @@ def test_records_the_store_refuses_are_quarantined_without_spark(tmp_path: Path,
         with store.cursor() as cursor:
             listed = quarantine_snapshot(cursor).to_pylist()
         assert [(r["source"], r["log_offset"], r["sqlstate"]) for r in listed] == [("public.s0", offsets[1], "22P05")]
+    finally:
+        loop.stop()
+
+
+def test_a_row_a_view_cannot_evaluate_leaves_the_loop_batch_and_its_other_rows(spark: Any, tmp_path: Path,
+                                                                                 store: ServingStore,
+                                                                                 driver: DriverServer,
+                                                                                 logs: Logs) -> None:
+    """The view's one-job projection (OneJobBatch.project) fails on a bad cast: the batch takes the general path,
+    which leaves that row out of the view only (pipeline/view_errors.py); the source keeps every row."""
+    view = MaterializedView(id="v10", name="v10", input_schema="public", input_name="s0",
+                            create_sql="CREATE MATERIALIZED VIEW v10 AS SELECT body->>'g' AS g, "
+                                       "sum((body->>'v')::int) AS total FROM s0 GROUP BY body->>'g'")
+    logs.append("u0", [{"n": 0, "g": "a", "v": "1"}, {"n": 1, "g": "a", "v": "x"}, {"n": 2, "g": "b", "v": "5"}])
+    loop = BatchLoop(spark, tmp_path / "data", (driver.host, driver.port), tick_s=0.05)
+    try:
+        loop.reconcile([source(0)], [view])
+        wait_until(lambda: source_ids(store, 0) == [0, 1, 2], what="every row of the source")
+        wait_until(lambda: view_rows(store, view, source(0)) == [("a", 1), ("b", 5)], what="the view without the row")
+        logs.append("u0", [{"n": 3, "g": "b", "v": "2"}])
+        wait_until(lambda: view_rows(store, view, source(0)) == [("a", 1), ("b", 7)], what="the next batch")
+        assert loop.failures == {}
     finally:
         loop.stop()

@@ -294,10 +294,15 @@ class BatchLoop:
             return False
         ranges = entry.reader.partitions({"offset": start}, {"offset": end})
         batch_id = entry.next_batch_id
-        if len(ranges) == 1:  # read here, handed over as Arrow (most batches: a source that keeps up)
-            table = pa.Table.from_batches(list(entry.reader.read(ranges[0])), schema=entry.arrow_schema)
-            entry.batches.commit_arrow(table, batch_id, self.spark)
-        else:  # a backlog: Spark tasks read the ranges in parallel
+        if len(ranges) == 1 or self.log_service is None:
+            # Read here, handed over as Arrow: every batch in local mode (Spark's tasks would decode in Python
+            # workers, planned by a Python process per read: measured slower, docs/pipeline.md), and on a cluster
+            # every batch of a source that keeps up.
+            read_started = time.monotonic()
+            table = pa.Table.from_batches([batch for part in ranges for batch in entry.reader.read(part)],
+                                          schema=entry.arrow_schema)
+            entry.batches.commit_arrow(table, batch_id, self.spark, read_started)
+        else:  # a cluster's backlog: its executors read the ranges in parallel, through the log read service
             frame = (self.spark.read.format(HeadraceLogSource.name()).options(**entry.log_options)
                      .option("ranges", format_ranges(ranges)).load())
             entry.batches(frame, batch_id)

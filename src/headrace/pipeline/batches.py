@@ -83,24 +83,47 @@ class SourceBatches:
                             self.source.materialization, batch_id)
         self._persisted(frame, batch_id, started)
 
-    def commit_arrow(self, table: pa.Table, batch_id: int, spark: Any) -> None:
+    def commit_arrow(self, table: pa.Table, batch_id: int, spark: Any, read_started: float | None = None) -> None:
         """The batch loop's entry (pipeline/batch_loop.py): a batch the pipeline read itself, as Arrow in log order.
 
-        With no views nothing needs Spark: the rows become the source's net changes and commit as they are. With
-        views, the views' code runs on a DataFrame of the same rows (a local relation, no re-read of the log)."""
-        if self.views:
-            self(spark.createDataFrame(table), batch_id)
-            return
+        The rows become the source's net changes as they are; nothing needs Spark without views. With views, only
+        the columns they read go to Spark (a DataFrame of Arrow batches, pipeline/process.py build_spark) and only
+        their projection comes back (OneJobBatch.project), else the views' general path runs on a DataFrame of the
+        rows. `read_started`: when the loop began reading the rows (the batch's log line counts it as its read)."""
         if batch_id <= self.committed_batch_id or table.num_rows == 0:
             return
-        started = time.monotonic()
+        read = time.monotonic()
+        started = read if read_started is None else read_started
         checkpoint = self._checkpoint(batch_id, table)
         refused = refused_records(self.source, table)
         if refused:
             table = self._quarantine_rows(refused, table, checkpoint)
         source_rows = self.source_rows(table)
         collected = time.monotonic()
-        self._commit(batch_id, table, [], checkpoint, source_rows, (started, started, collected, collected))
+        documents: list[tuple[int, list[Any], dict[str, Any]]] = []
+        columnar: list[ColumnarDocuments] = []
+        if self.views and table.num_rows:
+            documents, columnar, errors = self._arrow_view_documents(spark, table, batch_id)
+            if errors:  # the error states of rows a view cannot evaluate (pipeline/view_errors.py)
+                checkpoint[ERRORS_FIELD] = errors
+        self._commit(batch_id, table, documents, checkpoint, source_rows, (started, read, collected, time.monotonic()),
+                     columnar)
+
+    def _arrow_view_documents(self, spark: Any, table: pa.Table, batch_id: int,
+                              ) -> tuple[list[tuple[int, list[Any], dict[str, Any]]], list[ColumnarDocuments],
+                                         list[ErrorEntry]]:
+        if self.one_job is not None:
+            try:
+                projected = self.one_job.project(spark, table)
+                documents, columnar = self.one_job.documents(spark, table, projected, self.log_dir)
+                return documents, columnar, []
+            except Exception as exc:  # noqa: BLE001 - a row a view cannot evaluate: the general path isolates it
+                if not is_data_error(exc):
+                    raise
+                log.warning("%s: batch %d has changes a view cannot evaluate; isolating them (pipeline/view_errors.py)",
+                            self.source.materialization, batch_id)
+        documents, errors = self._view_documents(spark.createDataFrame(table), table)
+        return documents, [], errors
 
     def _persisted(self, frame: DataFrame, batch_id: int, started: float) -> None:
         """The batch computed on the DataFrame persisted once, each view by a Spark job of its own."""

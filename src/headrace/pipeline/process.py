@@ -1,7 +1,7 @@
 """The pipeline process: a PySpark driver that keeps every source and table materialized.
 
-By default each source and table is one Structured Streaming query (Pipeline, below); with
-HEADRACE_PIPELINE_MODE=loop (not with Spark Connect) one driver-side loop serves them all (pipeline/batch_loop.py).
+By default one driver-side loop serves every source and table (pipeline/batch_loop.py); with Spark Connect, or
+HEADRACE_PIPELINE_MODE=streaming, each source and table is one Structured Streaming query (Pipeline, below).
 
 It shares no memory with the server: it learns the catalog over a control connection and talks to
 the serving-store driver over the materialization protocol, so the same code can run against a
@@ -149,6 +149,11 @@ def build_spark(master: str, data_dir: Path) -> Any:
         # Executors on other machines run this Python (default: the pipeline's own path, which must exist there).
         .config("spark.pyspark.python", os.environ.get("HEADRACE_EXECUTOR_PYTHON") or sys.executable)
         .config("spark.sql.warehouse.dir", str(data_dir / "pipeline" / "warehouse"))
+        # createDataFrame(pyarrow.Table) (the batch loop's rows, retractions, backfill chunks): Arrow batches that
+        # Spark's tasks convert in the JVM, as a streaming batch's rows handed over by getCache are, not a driver-side
+        # LocalRelation (below 48 MB by default), whose projection the optimizer evaluates row by row, uncompiled
+        # (ConvertToLocalRelation): measured 2-3x slower per batch, 5-8x for the first (docs/pipeline.md).
+        .config("spark.sql.execution.arrow.localRelationThreshold", "0")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
@@ -447,10 +452,11 @@ def _parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-# "streaming" (default): one Structured Streaming query per source and table (this module's Pipeline), which Spark
-# Connect always uses; "loop": every source and table in one driver-side loop (pipeline/batch_loop.py): a source at
-# rest costs no process, but a busy source's batches were measured slower (docs/pipeline.md), so it is opt-in.
-PIPELINE_MODE = os.environ.get("HEADRACE_PIPELINE_MODE", "streaming")
+# "loop" (default): every source and table in one driver-side loop (pipeline/batch_loop.py): a source at rest costs no
+# process, and a busy source's batches were measured as fast and fresher (docs/pipeline.md); "streaming": one
+# Structured Streaming query per source and table (this module's Pipeline), the model Spark Connect always uses.
+PIPELINE_MODES = ("loop", "streaming")
+PIPELINE_MODE = os.environ.get("HEADRACE_PIPELINE_MODE", "loop")
 EXIT_BAD_MASTER = 3  # the supervisor does not restart a pipeline that exits with this before it was ever ready
 
 
@@ -489,8 +495,11 @@ def main(argv: list[str] | None = None) -> None:
         log_service = LogService(args.log_service, os.environ[TOKEN_ENV])
     from headrace.pipeline.batch_loop import BatchLoop  # it builds on this module
 
+    if PIPELINE_MODE not in PIPELINE_MODES:
+        log.warning("HEADRACE_PIPELINE_MODE=%r is not one of %s; running the batch loop", PIPELINE_MODE,
+                    ", ".join(PIPELINE_MODES))
     pipeline: Pipeline | BatchLoop
-    if master.is_connect or PIPELINE_MODE != "loop":
+    if master.is_connect or PIPELINE_MODE == "streaming":
         pipeline = Pipeline(spark, args.data_dir, _parse_address(args.driver), log_service, connect=master.is_connect)
     else:  # one driver-side loop for every source and table (pipeline/batch_loop.py)
         pipeline = BatchLoop(spark, args.data_dir, _parse_address(args.driver), log_service)

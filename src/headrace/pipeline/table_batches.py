@@ -128,12 +128,12 @@ class TableBatches:
             return
         self.commit_arrow(frame.toArrow(), batch_id, frame.sparkSession)
 
-    def commit_arrow(self, arrow: pa.Table, batch_id: int, spark: Any) -> None:
+    def commit_arrow(self, arrow: pa.Table, batch_id: int, spark: Any, read_started: float | None = None) -> None:
         """One batch of the table's log as Arrow (TABLE_ARROW_SCHEMA); also the batch loop's entry
-        (pipeline/batch_loop.py). Spark is used only by the views."""
+        (pipeline/batch_loop.py: `read_started`, when it began reading the rows). Spark is used only by the views."""
         if batch_id <= self.committed_batch_id:
             return
-        started = time.monotonic()
+        started = time.monotonic() if read_started is None else read_started
         if arrow.num_rows == 0:
             return
         columns = arrow.to_pydict()

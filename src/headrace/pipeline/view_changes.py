@@ -318,6 +318,16 @@ class OneJobBatch:
         table = wide.select(raw).rename_columns(names)
         return table, wide.drop_columns(raw)
 
+    def project(self, spark: Any, batch: pa.Table) -> pa.Table:
+        """The views' projected columns of log rows already collected as Arrow (the batch loop's, which read them
+        itself): only the source's input columns go to Spark and only the projection comes back, where `collect`
+        also passes every log column through the job to have the rows."""
+        from headrace.pipeline.views import source_changes
+
+        needed = [name for name in ("log_offset", "body", "received_at", "idempotency_key") if name in batch.column_names]
+        frame = spark.createDataFrame(batch.select(needed))
+        return self._projected(source_changes(frame.select(*_input_columns(self.source))), []).toArrow()
+
     def documents(self, spark: Any, batch: pa.Table, projected: pa.Table,
                   log_dir: Path | None) -> tuple[list[tuple[int, list[Any], Document]], list[ColumnarDocuments]]:
         """Every direct view's partials: the batch's projection, plus retractions of replaced rows; as documents, or as

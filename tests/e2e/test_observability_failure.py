@@ -38,6 +38,9 @@ def test_a_failing_materialization_is_visible_within_seconds(tmp_path: Path) -> 
             # Spark warmed up: the healthy source commits
             assert post_webhook(server.webhook_url("fine"), b'{"n": 1}').status_code == 200
             wait_for(lambda: conn.execute("SELECT count(*) FROM fine").fetchone() == (1,), 240, message="fine's row")
+            # the pipeline's status report (every few seconds) may follow the row: until it comes, "starting"
+            wait_for(lambda: conn.execute("SELECT state FROM headrace_internal.materializations WHERE name = 'fine'")
+                     .fetchone() == ("running",), 30, message="fine running")
             assert post_webhook(server.webhook_url("stuck"), b'{"n": 1}').status_code == 200  # still accepted
 
             def failed() -> Any:

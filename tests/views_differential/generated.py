@@ -91,6 +91,7 @@ def run_on_new_servers(workdir: Path, seed: int, views: int, batches: int = BATC
     from tests.e2e.server_process import HeadraceProcess
     from tests.real_servers.postgres import shared_cluster
 
+    workdir.mkdir(parents=True, exist_ok=True)
     process = HeadraceProcess(workdir / "data")
     process.start(timeout=120.0)
     try:

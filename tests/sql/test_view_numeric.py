@@ -160,3 +160,11 @@ def test_a_tables_numeric_columns_have_the_scale_the_table_holds() -> None:
         TableColumn(name="w", pg_type="numeric", precision=5)), primary_key=("id",), create_sql="")
     # an unconstrained numeric is held as numeric(38,10) (docs/tables.md): its SELECT shows 2.5000000000, so does a view
     assert dict(table_relation(table).scales) == {"n": 10, "m": 2, "w": 0}
+
+
+def test_numeric_arrays_are_exact_on_duckdb_too() -> None:
+    from headrace.sql.view_serving import public_type
+
+    assert public_type("numeric[]", 2) == "DECIMAL(38,2)[]"
+    assert public_type("numeric[]", None) == "DECIMAL(38,16)[]"  # DuckDB's one scale per column (docs/views.md)
+    assert public_type("int2[]") == "SMALLINT[]" and public_type("text[]") == "VARCHAR[]"

@@ -212,6 +212,8 @@ def test_finalize_of_a_projection_deletes_tombstones() -> None:
     ("SELECT (body->>'s') IS TRUE AS b FROM events", "42804", "argument of IS TRUE must be type boolean, not type text"),
     ("SELECT (body->>'s') IS NOT FALSE AS b FROM events", "42804", "argument of IS NOT FALSE must be type boolean"),
     ("SELECT body FROM events WHERE body->>'a' = 5", "42883", "operator does not exist: text = integer"),
+    ("SELECT count(-9::text) AS c FROM events", "42883", "operator does not exist: - text"),  # -(9::text)
+    ("SELECT -(body->>'f')::bool AS c FROM events", "42883", "operator does not exist: - boolean"),
     ("SELECT body FROM events WHERE (body->>'a')::int IN (1, 'x', true)", "42883", "integer = boolean"),
     ("SELECT body FROM events WHERE received_at > (body->>'a')::bool", "42883",
      "timestamp with time zone > boolean"),

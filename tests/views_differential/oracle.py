@@ -1,10 +1,12 @@
 """Run the same statements on headrace and on PostgreSQL 15 and compare a view with its SELECT run on PostgreSQL.
 
 Compared: the column names, their types (RowDescription OIDs) and every value's text as it comes off the wire, exact,
-with two exceptions: floats to 12 significant digits, since PostgreSQL itself sums floats in scan order (the last bits
-of a float sum depend on row order there too); and on the DuckDB serving store, numeric by value, since DuckDB's
-DECIMAL has one scale per column where PostgreSQL's numeric keeps each value's own (docs/views.md "Types"). On the
-PostgreSQL serving store numeric text is compared exactly."""
+with three exceptions: floats to 12 significant digits, since PostgreSQL itself sums floats in scan order (the last
+bits of a float sum depend on row order there too); an array as the multiset of its elements' text, since
+PostgreSQL's array_agg without ORDER BY keeps whatever order its plan reads the rows in (a hash or a sort, heap order
+after updates), of which headrace's arrival order is one; and on the DuckDB serving store, numeric by value, since
+DuckDB's DECIMAL has one scale per column where PostgreSQL's numeric keeps each value's own (docs/views.md "Types").
+On the PostgreSQL serving store numeric text is compared exactly."""
 
 from __future__ import annotations
 
@@ -23,12 +25,43 @@ CATCH_UP_S = 300.0
 FLOAT_OIDS = (700, 701)
 NUMERIC_OID = 1700
 NUMERIC_BY_VALUE = not SERVING_ON_POSTGRES
+# bool[], int2[], int4[], text[], int8[], float4[], float8[], date[], numeric[], timestamptz[], jsonb[]
+ARRAY_OIDS = {1000: 16, 1005: 21, 1007: 23, 1009: 25, 1016: 20, 1021: 700, 1022: 701, 1182: 1082, 1231: 1700,
+              1185: 1184, 3807: 3802}
+
+
+def array_elements(text: str) -> list[str | None]:
+    """A one-dimensional array's text (`{1,NULL,"a b","x\\"y"}`) as its elements' text, NULL as None."""
+    assert text.startswith("{") and text.endswith("}"), text
+    elements: list[str | None] = []
+    position, body = 0, text[1:-1]
+    while position < len(body):
+        if body[position] == '"':
+            value, position = [], position + 1
+            while body[position] != '"':
+                if body[position] == "\\":
+                    position += 1
+                value.append(body[position])
+                position += 1
+            elements.append("".join(value))
+            position += 2  # the closing quote and the comma
+        else:
+            end = body.find(",", position)
+            end = len(body) if end < 0 else end
+            element = body[position:end]
+            elements.append(None if element == "NULL" else element)
+            position = end + 1
+    return elements
 
 
 def normalized(value: bytes | None, type_oid: int) -> Any:
     if value is None:
         return None
     text = value.decode()
+    if type_oid in ARRAY_OIDS:
+        element_oid = ARRAY_OIDS[type_oid]
+        elements = [normalized(None if e is None else e.encode(), element_oid) for e in array_elements(text)]
+        return ("array", tuple(sorted(elements, key=lambda e: (e is None, repr(e)))))
     if type_oid in FLOAT_OIDS:
         number = float(text)
         if math.isnan(number) or math.isinf(number):

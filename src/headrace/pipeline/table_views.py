@@ -28,6 +28,7 @@ from headrace.pipeline.view_changes import SourceView, documents_isolating_chang
 from headrace.pipeline.view_errors import DocumentsWithErrors, ErrorEntry, is_data_error
 from headrace.sql.parser import parse_statement
 from headrace.sql.views import InputRelation, compile_view
+from headrace.store.table_types import numeric_shape
 from headrace.store.table_log import DELETE, Document, RowChange, decode_changes
 
 BACKFILL_CHUNK_ROWS = 200_000
@@ -42,7 +43,9 @@ _ARROW = {"int2": pa.int32(), "int4": pa.int32(), "int8": pa.int64(), "float4": 
 def table_relation(table: Table) -> InputRelation:
     """The table as a view's input: its declared columns, keyed by its key, not append-only."""
     columns = {c.name: _VIEW_TYPES.get(c.pg_type, c.pg_type) for c in table.columns}
-    scales = {c.name: c.scale for c in table.columns if c.pg_type == "numeric" and c.scale is not None}
+    # A numeric column's display scale is the one the table holds: numeric(p,s) s, numeric(p) 0, and an
+    # unconstrained numeric 10 (held as numeric(38,10), docs/tables.md), as the table's own SELECT shows it.
+    scales = {c.name: numeric_shape(c.precision, c.scale)[1] for c in table.columns if c.pg_type == "numeric"}
     return InputRelation(kind="table", item_id=table.id, name=table.name, columns=columns, key=table.store_key,
                          append_only=False, scales=scales)
 

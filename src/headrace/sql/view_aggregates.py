@@ -46,9 +46,10 @@ class Maintenance(Enum):
 
 
 FUNCTIONS = ("count_star", "count", "count_distinct", "sum", "avg", "min", "max", "bool_and", "bool_or",
-             "first", "last", "array_agg", "set_agg", "jsonb_merge_agg", "jsonb_object_agg")
-# Aggregates whose input rows count even when their (first) argument is NULL, as in PostgreSQL.
-KEEPS_NULLS = frozenset({"count_star", "first", "last", "array_agg"})
+             "first", "last", "array_agg", "array_agg_distinct", "set_agg", "jsonb_merge_agg", "jsonb_object_agg")
+# Aggregates whose input rows count even when their (first) argument is NULL, as in PostgreSQL
+# (array_agg(DISTINCT x) keeps one NULL, sorted last; set_agg skips them).
+KEEPS_NULLS = frozenset({"count_star", "first", "last", "array_agg", "array_agg_distinct"})
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def choose_maintenance(function: str, append_only: bool, arg_type: str | None = 
         return Maintenance.BOOL_COUNTS
     if function in ("min", "max"):
         return Maintenance.EXTREME if append_only else Maintenance.VALUE_COUNTS
-    if function in ("count_distinct", "set_agg"):
+    if function in ("count_distinct", "set_agg", "array_agg_distinct"):
         return Maintenance.VALUE_COUNTS
     if not append_only:
         return Maintenance.KEYED_SET
@@ -105,7 +106,7 @@ def output_type(function: str, arg_types: tuple[str, ...]) -> str:
         return "numeric" if arg_types[0] in (*INTEGER_TYPES, "numeric") else "float8"
     if function in ("bool_and", "bool_or"):
         return "bool"
-    if function in ("array_agg", "set_agg"):
+    if function in ("array_agg", "array_agg_distinct", "set_agg"):
         return f"{arg_types[0]}[]"
     if function in ("jsonb_merge_agg", "jsonb_object_agg"):
         return "jsonb"
@@ -248,6 +249,11 @@ def finalize(aggregate: Aggregate, state: Any) -> tuple[Any, Any]:
     value, kept = _finalize(aggregate, state)
     if aggregate.output_type == "numeric" and value is not None and not isinstance(value, str):
         value = view_numeric.to_text(value, aggregate.arg_scale)
+    elif aggregate.output_type == "numeric[]" and value is not None:
+        # each element as PostgreSQL's numeric text at the argument's display scale (not the double the pipeline
+        # carries: `-3.00`, not `-3.0`); a new list, as an append-only state is the value itself
+        value = [element if element is None or isinstance(element, str)
+                 else view_numeric.to_text(element, aggregate.arg_scale) for element in value]
     return value, kept
 
 
@@ -286,7 +292,7 @@ def _finalize(aggregate: Aggregate, state: Any) -> tuple[Any, Any]:
             return min(values), kept
         if f == "max":
             return max(values), kept
-        return sorted(values, key=_sort_key), kept  # set_agg
+        return sorted(values, key=_sort_key), kept  # set_agg, array_agg(DISTINCT x)
     if m in (Maintenance.FIRST_WRITE, Maintenance.LAST_WRITE):
         return (state or {}).get("v"), state
     if m is Maintenance.APPEND:
@@ -348,9 +354,10 @@ def numeric_sum(counts: dict[str, int], function: str, scale: int | None) -> str
 
 
 def _sort_key(value: Any) -> tuple[int, Any]:
-    """A total order over JSON values for set_agg's output (null, bool, number, string, other)."""
+    """A total order over JSON values for set_agg's output (bool, number, string, other, null: PostgreSQL's
+    DISTINCT sorts NULL last)."""
     if value is None:
-        return (0, 0)
+        return (5, 0)
     if isinstance(value, bool):
         return (1, value)
     if isinstance(value, (int, float)):

@@ -98,7 +98,11 @@ def type_of(node: exp.Expr, columns: Columns) -> str:
     if isinstance(node, exp.Paren):
         return type_of(node.this, columns)
     if isinstance(node, exp.Neg):
-        return numeric_result(type_of(node.this, columns), "int4", "-")
+        operand = type_of(node.this, columns)
+        if operand not in (*NUMERIC_RANK, "unknown"):  # PostgreSQL names the prefix operator: `- text`
+            raise InvalidViewExpression(f"operator does not exist: - {_shown_type(operand)}", sqlstate="42883",
+                                        hint="cast the operand to a numeric type, e.g. -(body->>'amount')::int")
+        return numeric_result(operand, "int4", "-")
     if isinstance(node, exp.Cast):
         source, target = type_of(node.this, columns), cast_target(node.to)
         if target in ("text", "varchar"):

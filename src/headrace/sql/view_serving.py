@@ -34,7 +34,7 @@ _STORED = {"int2": "INTEGER", "int4": "INTEGER", "int8": "BIGINT", "float4": "DO
 # PostgreSQL type -> DuckDB type of the public column where it differs from the stored one.
 _PUBLIC = {"int2": "SMALLINT", "float4": "FLOAT"}
 _ELEMENT = {"int2": "SMALLINT", "int4": "INTEGER", "int8": "BIGINT", "float4": "FLOAT", "float8": "DOUBLE",
-            "numeric": "DOUBLE", "text": "VARCHAR", "varchar": "VARCHAR", "bool": "BOOLEAN", "jsonb": "JSON",
+            "text": "VARCHAR", "varchar": "VARCHAR", "bool": "BOOLEAN", "jsonb": "JSON",
             "json": "JSON"}
 _EMPTY_ZERO = ("count_star", "count", "count_distinct")
 
@@ -50,7 +50,7 @@ DUCKDB_DYNAMIC_SCALE = 16  # DuckDB's DECIMAL has one scale per column: a numeri
 def public_type(pg_type: str, scale: int | None = None) -> str | None:
     """The DuckDB type to cast a stored column to in the public relation, or None (as stored)."""
     if pg_type.endswith("[]"):
-        return f"{_ELEMENT[pg_type[:-2]]}[]"
+        return f"{public_type(pg_type[:-2], scale) or _ELEMENT[pg_type[:-2]]}[]"
     if pg_type == "numeric":
         return f"DECIMAL(38,{DUCKDB_DYNAMIC_SCALE if scale is None else scale})"
     return _PUBLIC.get(pg_type)

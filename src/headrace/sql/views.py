@@ -246,6 +246,8 @@ def _numeric_scales(plan: ViewPlan) -> dict[str, int | None]:
     for aggregate in plan.aggregates:
         if aggregate.output_type == "numeric":
             found[aggregate.field] = aggregate.arg_scale if aggregate.function != "avg" else None
+        elif aggregate.output_type == "numeric[]":
+            found[aggregate.field] = aggregate.arg_scale  # the elements' scale (DuckDB's DECIMAL(38,s)[])
     if not plan.aggregating:
         for i, output in enumerate(plan.outputs):
             if output.pg_type == "numeric":
@@ -456,7 +458,7 @@ def _aggregate(index: int, call: exp.Expr, columns: dict[str, str], append_only:
     if isinstance(call.this, exp.Distinct) and function not in ("count", "array_agg"):
         raise ViewRefused(f"{function}(DISTINCT ...) is not supported in materialized views", hint=SUPPORTED_AGGREGATES_HINT)
     if isinstance(call.this, exp.Distinct):
-        function = "count_distinct" if function == "count" else "set_agg"
+        function = "count_distinct" if function == "count" else "array_agg_distinct"
     if function == "count" and not args:
         function = "count_star"
     if isinstance(call.this, exp.Order) or call.find(exp.Order):
@@ -478,7 +480,7 @@ def _aggregate(index: int, call: exp.Expr, columns: dict[str, str], append_only:
     if function in ("min", "max") and arg_types[0] in ("jsonb", "json"):
         raise InvalidViewExpression(f"function {function}(jsonb) does not exist", sqlstate="42883",
                                     hint="extract a scalar with ->> and cast it")
-    if function in ("array_agg", "set_agg") and arg_types[0] in ("timestamptz",):
+    if function in ("array_agg", "array_agg_distinct", "set_agg") and arg_types[0] in ("timestamptz",):
         raise ViewRefused(f"{function} of timestamptz is not supported yet", hint="aggregate the text form: x::text")
     arg_scale = None
     if arg_types and arg_types[0] in ("numeric", "int2", "int4", "int8"):

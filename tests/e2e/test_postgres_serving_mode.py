@@ -169,9 +169,10 @@ def test_system_relations_join_with_everything_else_in_postgresql(events: Headra
                               ["events"], prepare=True)  # the extended protocol, described by PostgreSQL
         assert cursor.fetchall() == [(11,)]  # refreshed for each statement that reads it
         assert [d.name for d in cursor.description] == ["accepted"]
-        states = conn.execute("SELECT s.state, v.kind FROM headrace_internal.source_status s "
-                              "CROSS JOIN LATERAL (SELECT kind FROM by_kind ORDER BY kind LIMIT 1) v "
-                              "WHERE s.source = 'public.events'").fetchall()
-        assert states == [("running", "k0")]
+        # the pipeline reports its sources every few seconds: the rows (the batch loop is quick) may come first
+        wait_for(lambda: conn.execute("SELECT s.state, v.kind FROM headrace_internal.source_status s "
+                                      "CROSS JOIN LATERAL (SELECT kind FROM by_kind ORDER BY kind LIMIT 1) v "
+                                      "WHERE s.source = 'public.events'").fetchall() == [("running", "k0")],
+                 30, message="events' status report")
         assert conn.execute("SELECT pg_typeof(last_batch_at)::text FROM headrace_internal.source_status "
                             "LIMIT 1").fetchone() == ("timestamp with time zone",)

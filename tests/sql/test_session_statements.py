@@ -70,6 +70,11 @@ def test_transactions() -> None:
     assert parse_statement("START TRANSACTION ISOLATION LEVEL REPEATABLE READ").args["modes"] == [
         "isolation level repeatable read"]
     assert parse_statement("ROLLBACK TO SAVEPOINT s").args["action"] == "rollback_to"  # savepoints: coordinator/session_sql.py
+    # a comma where a mode belongs is PostgreSQL's syntax error (it was an internal IndexError: tests/fuzz)
+    for sql, near in (("BEGIN ,", 'at or near ","'), ("START TRANSACTION READ ONLY, ,", 'at or near ","'),
+                      ("BEGIN READ ONLY,", "at end of input")):
+        with pytest.raises(SyntaxError_, match=near):
+            parse_statement(sql)
 
 
 def test_set_reset_discard() -> None:

@@ -321,9 +321,13 @@ class _Parser:
             assert start is not None
             while not self._at_end() and self._current is not None and self._current.token_type != TokenType.COMMA:
                 self._advance()
+            if self._current is start:  # a comma where a mode belongs (`BEGIN ,`, `BEGIN READ ONLY, ,`)
+                raise SyntaxError_(f'syntax error at or near "{start.text}"')
             modes.append(" ".join(self._sql[start.start:self._tokens[self._index - 1].end + 1].lower().split()))
             if not self._at_end():
-                self._advance()
+                self._advance()  # the comma
+                if self._at_end():
+                    raise SyntaxError_("syntax error at end of input")
         for mode in modes:
             if not (mode.startswith("isolation level ") or mode in ("read only", "read write", "deferrable",
                                                                      "not deferrable")):

@@ -58,7 +58,7 @@ from headrace.pgwire import types as pg
 from headrace.pgwire.auth import AuthMethod, choose_method
 from headrace.pgwire.interfaces import AdapterClient, SessionClient
 from headrace.pgwire.security import SecurityConfig
-from headrace.pgwire.simple_query import runs_on_its_own
+from headrace.pgwire.simple_query import implicit_transaction
 
 DEFAULT_USER = "headrace"
 DATABASE = "headrace"
@@ -163,7 +163,6 @@ class RequestRun:
         """Every statement of the request, split before any runs; several outside a transaction block are one
         implicit transaction, as Materialize's API and PostgreSQL's simple Query run them (pgwire/simple_query.py),
         unless the request controls its transactions itself: the first error undoes the writes before it."""
-        implicit = False
         try:
             statements: list[tuple[str, Sequence[str | None] | None]] = []
             for query in queries:
@@ -174,37 +173,15 @@ class RequestRun:
                     raise HeadraceError("each query must contain exactly one statement", sqlstate="42601")
                 else:
                     statements.append((split[0] if split else "", query.params))
-            if len(statements) > 1:
-                await self.session.check_syntax([statement for statement, _ in statements])
-            implicit = len(statements) > 1 and self.session.transaction_status == "I" and not any(
-                runs_on_its_own(statement) for statement, _ in statements)
-            if implicit:
-                await self._silently("BEGIN")
-            for statement, params in statements:
-                async for event in self._statement(statement, params):
-                    yield event
-            if implicit:
-                await self._silently("COMMIT")
+            async with implicit_transaction(self.session, [statement for statement, _ in statements], self.cancel):
+                for statement, params in statements:
+                    async for event in self._statement(statement, params):
+                        yield event
         except HeadraceError as error:
-            await self._roll_back(implicit)
             self.session.on_error()
             yield Event("Error", error_payload(error))
-        except BaseException:
-            await self._roll_back(implicit)
-            raise
         finally:
             self.session.on_sync()
-
-    async def _silently(self, sql: str) -> None:
-        """BEGIN / COMMIT / ROLLBACK of the implicit transaction: no event of its own."""
-        await self.session.prepare(UNNAMED, sql, ())
-        self.session.bind(UNNAMED, UNNAMED, ())
-        await self.session.execute(UNNAMED, 0, self.cancel)
-
-    async def _roll_back(self, implicit: bool) -> None:
-        if implicit and self.session.transaction_status != "I":  # a failed COMMIT has ended the block already
-            with contextlib.suppress(Exception):
-                await self._silently("ROLLBACK")
 
     async def _statement(self, sql: str, params: Sequence[str | None] | None) -> AsyncIterator[Event]:
         await self.session.prepare(UNNAMED, sql, ())

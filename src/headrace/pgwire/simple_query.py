@@ -10,7 +10,9 @@ and rows flow between the client's messages), runs each statement on its own as 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+from collections.abc import AsyncIterator, Sequence
 
 from headrace.coordinator.responses import SendingRows, Subscribing
 from headrace.pgwire import messages
@@ -40,24 +42,30 @@ async def run_simple_query(session: SessionClient, sql: str, out: bytearray, can
     if not statements:
         out += messages.empty_query_response()
         return None
-    if len(statements) > 1:
-        await session.check_syntax(statements)  # parsed whole before anything runs, as PostgreSQL's
-    implicit = len(statements) > 1 and session.transaction_status == "I" and not any(
-        runs_on_its_own(statement) for statement in statements)
-    if not implicit:
+    async with implicit_transaction(session, statements, cancel):
         return await _run_statements(session, statements, out, cancel, flush, watch_peer)
+
+
+@contextlib.asynccontextmanager
+async def implicit_transaction(session: SessionClient, statements: Sequence[str],
+                               cancel: asyncio.Event) -> AsyncIterator[None]:
+    """Several statements: parsed whole first (a syntax error runs nothing), then run inside one implicit
+    transaction unless the session is in a block or a statement runs on its own (module docstring): committed
+    when the body ends, rolled back when it raises. The simple Query and the HTTP SQL API share it."""
+    if len(statements) > 1:
+        await session.check_syntax(statements)
+    if len(statements) < 2 or session.transaction_status != "I" or any(map(runs_on_its_own, statements)):
+        yield
+        return
     await _run_silently(session, "BEGIN", cancel)
     try:
-        await _run_statements(session, statements, out, cancel, flush, watch_peer)
+        yield
         await _run_silently(session, "COMMIT", cancel)
     except BaseException:
         if session.transaction_status != "I":  # a COMMIT that failed has already ended the block's writes
-            try:
+            with contextlib.suppress(Exception):  # the statement's own error is the one to report
                 await _run_silently(session, "ROLLBACK", cancel)
-            except Exception:  # noqa: BLE001 - the statement's own error is the one to report
-                pass
         raise
-    return None
 
 
 def runs_on_its_own(statement: str) -> bool:
